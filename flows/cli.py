@@ -1,0 +1,54 @@
+"""The `rollyard` command line. Each command group lives in `flows/commands/<name>.py` and
+exposes `register(subparsers)`; heavy imports (Prefect, torch, GX) happen inside the handlers so
+`rollyard sandbox run` starts in milliseconds."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# One line per command module; each adds its sub-commands to the parser.
+COMMAND_MODULES = (
+    "flows.commands.sandbox",
+)
+
+EXIT_USAGE = 2
+
+
+class CliError(Exception):
+    """A one-line error for the user; the CLI prints it and exits with `exit_code`."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message, exit_code)
+        self.message = message
+        self.exit_code = exit_code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rollyard",
+        description="Agent RL on executable tasks: sandboxes, tasks, training, store, gates.",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module_name in COMMAND_MODULES:
+        importlib.import_module(module_name).register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code = args.handler(args)
+    except CliError as error:
+        print(f"rollyard: error: {error.message}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        return 130
+    return int(code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""Isolated, resource-limited, copy-on-write sandboxes: the ground every episode runs on.
+
+    from sandboxes import Limits, open_sandbox
+    with open_sandbox("path/to/snapshot", limits=Limits(memory_mb=512)) as sb:
+        result = sb.execute("python -m pytest -q", timeout_s=30)
+        changes = sb.diff()
+        sb.reset()
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sandboxes.base import WORKSPACE_MOUNT, ExecResult, Limits, Sandbox, WorkspaceDiff
+from sandboxes.errors import (
+    InvalidLimitsError,
+    SandboxClosedError,
+    SandboxError,
+    SandboxSetupError,
+    SandboxUnavailableError,
+    SnapshotError,
+    WorkspacePathError,
+)
+
+BACKENDS = ("bwrap",)
+
+
+def open_sandbox(
+    snapshot: str | Path, *, backend: str = "bwrap", limits: Limits | None = None
+) -> Sandbox:
+    """Open a sandbox over `snapshot` (a directory: the task's initial workspace)."""
+    limits = limits or Limits()
+    if backend == "bwrap":
+        from sandboxes.bwrap import BwrapSandbox
+
+        return BwrapSandbox(Path(snapshot), limits=limits)
+    raise ValueError(f"unknown sandbox backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+
+
+__all__ = [
+    "BACKENDS",
+    "WORKSPACE_MOUNT",
+    "ExecResult",
+    "InvalidLimitsError",
+    "Limits",
+    "Sandbox",
+    "SandboxClosedError",
+    "SandboxError",
+    "SandboxSetupError",
+    "SandboxUnavailableError",
+    "SnapshotError",
+    "WorkspaceDiff",
+    "WorkspacePathError",
+    "open_sandbox",
+]

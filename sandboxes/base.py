@@ -1,0 +1,185 @@
+"""The one small interface every sandbox backend implements, and the values it exchanges.
+
+A sandbox is opened over a *snapshot* (a directory holding a task's initial workspace). Commands
+run inside it with the workspace as their working directory; file edits persist between commands
+until `reset()`, which brings the workspace back to the pristine snapshot. `diff()` reports what
+changed. Network is always off.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from sandboxes.errors import InvalidLimitsError, SandboxClosedError
+
+WORKSPACE_MOUNT = "/workspace"
+"""Where the workspace appears inside every sandbox (and the working directory of commands)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Limits:
+    """Resource limits of one sandbox. Every field can be overridden; network is always off."""
+
+    wall_time_s: float = 60.0
+    """Default wall-clock limit of one `execute` (its `timeout_s` argument overrides it)."""
+    cpu_time_s: float = 120.0
+    """CPU seconds one `execute` may use in all (RLIMIT_CPU per process, rounded up)."""
+    memory_mb: int = 1024
+    """Memory of all processes of the sandbox together (cgroup), workspace writes included."""
+    pids: int = 256
+    """Processes and threads alive at once (cgroup pids controller)."""
+    cpus: float = 1.0
+    """CPU bandwidth in cores (cgroup CFS quota)."""
+    disk_mb: int = 512
+    """Bytes the workspace may grow by (size of the copy-on-write upper layer), and of /tmp."""
+    output_bytes: int = 1_000_000
+    """Captured bytes per stream (stdout, stderr); beyond it the head and tail are kept."""
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise InvalidLimitsError(
+                    f"Limits.{field.name} must be a number, got {value!r}"
+                )
+            if not math.isfinite(value) or value <= 0:
+                raise InvalidLimitsError(
+                    f"Limits.{field.name} must be a positive number, got {value!r}; "
+                    "raise it or leave the default"
+                )
+
+    def replace(self, **changes: float) -> Limits:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ExecResult:
+    """What one command did. `exit_code` is the shell convention: 128+N when killed by signal N."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration_s: float
+    timed_out: bool = False
+    """The wall-clock limit ended it (everything in the sandbox was killed)."""
+    oom_killed: bool = False
+    """The memory limit killed a process of the sandbox during this command."""
+    output_truncated: bool = False
+    """stdout or stderr exceeded `Limits.output_bytes`; the head and tail were kept."""
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out and not self.oom_killed
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkspaceDiff:
+    """Changes of the workspace against its snapshot, as sorted POSIX paths relative to it."""
+
+    added: tuple[str, ...] = ()
+    modified: tuple[str, ...] = ()
+    deleted: tuple[str, ...] = ()
+
+    @property
+    def changed_paths(self) -> tuple[str, ...]:
+        return tuple(sorted({*self.added, *self.modified, *self.deleted}))
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.modified or self.deleted)
+
+
+class Sandbox(abc.ABC):
+    """An isolated, resource-limited workspace over a snapshot.
+
+    Use as a context manager (or call `close()`, which is idempotent). Any operation after
+    `close()` raises `SandboxClosedError`.
+    """
+
+    backend_name: str = "abstract"
+
+    def __init__(self, snapshot: Path, snapshot_digest: str, limits: Limits) -> None:
+        self.snapshot = snapshot
+        self.snapshot_digest = snapshot_digest
+        self.limits = limits
+        self._closed = False
+
+    # -- the interface -------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def execute(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout_s: float | None = None,
+        stdin: str | bytes | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> ExecResult:
+        """Run `command` (a string for `/bin/sh -c`, or an argv list) in the workspace.
+
+        Every process the command started is gone when this returns, daemons included.
+        """
+
+    @abc.abstractmethod
+    def read_file(self, path: str) -> bytes:
+        """Bytes of a workspace file (`path` relative to the workspace, or under /workspace)."""
+
+    @abc.abstractmethod
+    def write_file(self, path: str, data: str | bytes) -> None:
+        """Create or replace a workspace file, creating parent directories."""
+
+    @abc.abstractmethod
+    def diff(self) -> WorkspaceDiff:
+        """Added, modified and deleted files against the snapshot."""
+
+    @abc.abstractmethod
+    def reset(self) -> None:
+        """Return the workspace to the pristine snapshot (cost independent of its size)."""
+
+    @abc.abstractmethod
+    def _close(self) -> None:
+        """Release every host resource; called once by `close()`."""
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._close()
+
+    def _check_open(self, operation: str) -> None:
+        if self._closed:
+            raise SandboxClosedError(
+                f"Cannot call {operation}() on a closed {self.backend_name} sandbox; "
+                "open a new one (or acquire one from a SandboxPool)"
+            )
+
+    def __enter__(self) -> Self:
+        self._check_open("__enter__")
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # A forgotten sandbox must not keep mounts and cgroups alive; the start-up sweep is the
+        # backstop for processes that are SIGKILLed before they get here.
+        try:
+            self.close()
+        except Exception:
+            pass
