@@ -1,0 +1,457 @@
+"""The bubblewrap backend, rollyard's embedded default: ~8 ms per sandboxed command.
+
+Isolation, from the outside in:
+- cgroup per sandbox: memory (swap included), pids, CPU bandwidth; every process is killed
+  through it at the end of each `execute`, so daemons and `setsid` children never outlive a call;
+- an unprivileged host uid (`setpriv`), then bwrap with every namespace unshared (no network but
+  its own loopback, own PIDs, own mounts), no capabilities, nested user namespaces disabled, a
+  cleared environment and a seccomp filter;
+- an allowlisted root: system directories and the Python runtime read-only, the workspace as the
+  only writable place besides a size-limited /tmp; nothing of the host's home, /tmp or project;
+- a copy-on-write workspace: overlayfs with the pristine snapshot as lower layer and a size-limited
+  tmpfs as upper layer. Reset drops the tmpfs (cost independent of the snapshot's size); the upper
+  layer *is* the diff.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import secrets
+import selectors
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from sandboxes import host
+from sandboxes.base import WORKSPACE_MOUNT, ExecResult, Limits, Sandbox, WorkspaceDiff
+from sandboxes.cgroups import SandboxCgroup
+from sandboxes.errors import SandboxError, SandboxSetupError, WorkspacePathError
+from sandboxes.output import CappedBuffer
+from sandboxes.snapshot import prepare_snapshot, same_entry
+
+SANDBOX_UID = 1000
+"""The uid commands see inside (mapped to `host.SANDBOX_HOST_UID` outside)."""
+
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+# Runs as root for a millisecond: joins the cgroup (so every descendant is accounted and killable
+# from the first instruction), sets the CPU-time rlimit, then execs setpriv -> bwrap.
+_LAUNCHER = (
+    'cpu=$1; shift; while [ "$1" != "--" ]; do echo $$ > "$1" || exit 125; shift; done; shift; '
+    'ulimit -t "$cpu" || exit 125; exec "$@"'
+)
+
+
+@functools.cache
+def _sweep_once(root: Path) -> None:
+    host.sweep_orphans(host.HostLayout(root))
+
+
+@functools.cache
+def _system_layout_args() -> tuple[str, ...]:
+    args = ["--tmpfs", "/"]
+    for top in ("usr", "etc", "bin", "lib", "lib64", "lib32", "libx32", "sbin"):
+        path = Path("/") / top
+        if path.is_symlink():
+            args += ["--symlink", os.readlink(path), str(path)]
+        elif path.is_dir():
+            args += ["--ro-bind", str(path), str(path)]
+    return tuple(args)
+
+
+@functools.cache
+def _python_bin_dir() -> str:
+    return str(Path(sys.executable).parent)
+
+
+def _read_child_started(status_fd: int) -> bool:
+    """Whether bwrap's status stream says it got as far as starting the command."""
+    os.set_blocking(status_fd, False)
+    chunks = []
+    try:
+        with contextlib.suppress(BlockingIOError):
+            while chunk := os.read(status_fd, 1 << 16):
+                chunks.append(chunk)
+    finally:
+        os.close(status_fd)
+    return b'"child-pid"' in b"".join(chunks)
+
+
+class BwrapSandbox(Sandbox):
+    """A sandbox over `snapshot` built from bubblewrap, cgroups and a host-side overlay.
+
+    One thread uses a sandbox at a time; many sandboxes can be open at once.
+    """
+
+    backend_name = "bwrap"
+
+    def __init__(self, snapshot: Path, *, limits: Limits | None = None,
+                 layout: host.HostLayout | None = None) -> None:  # fmt: skip
+        limits = limits or Limits()
+        self._bwrap = host.check_host()
+        self._layout = layout or host.host_layout()
+        _sweep_once(self._layout.root)
+        prepared = prepare_snapshot(
+            Path(snapshot), self._layout.snapshots, owner_uid=host.SANDBOX_HOST_UID
+        )
+        super().__init__(Path(snapshot), prepared.digest, limits)
+        self._closed = True  # until fully built: a failed __init__ must not run _close twice
+        self._lower = prepared.lower_dir
+        self.sandbox_id = f"{host.owner_token()}-{secrets.token_hex(6)}"
+        self._dir = self._layout.live / self.sandbox_id
+        self._layer = self._dir / "layer"
+        self._merged = self._dir / "merged"
+        self._cgroup: SandboxCgroup | None = None
+        try:
+            for directory in (self._layout.root, self._layout.live, self._dir):
+                directory.mkdir(mode=0o711, exist_ok=True)
+                directory.chmod(0o711)  # bwrap runs as the sandbox uid and must traverse here
+            self._layer.mkdir()
+            self._merged.mkdir()
+            self._cgroup = SandboxCgroup(
+                self.sandbox_id, memory_mb=limits.memory_mb, pids=limits.pids, cpus=limits.cpus
+            )
+            self._mount_runtime()
+            self._mount_workspace()
+        except BaseException:
+            self._release()
+            raise
+        self._closed = False
+
+    # -- workspace layers ----------------------------------------------------------------------
+
+    def _mount_runtime(self) -> None:
+        # The interpreter may live where the sandbox uid cannot traverse (a 0700 home): bind it
+        # from the host side into this sandbox's directory, which bwrap then binds read-only.
+        for index, runtime in enumerate(host.python_runtime_dirs()):
+            target = self._dir / "runtime" / str(index)
+            target.mkdir(parents=True)
+            host.bind_mount(runtime, target)
+
+    def _mount_workspace(self) -> None:
+        uid = host.SANDBOX_HOST_UID
+        host.mount("rollyard-layer", self._layer, "tmpfs",
+                   f"size={self.limits.disk_mb}m,mode=0700")  # fmt: skip
+        upper, work = self._layer / "upper", self._layer / "work"
+        upper.mkdir()
+        work.mkdir()
+        os.chown(upper, uid, uid)
+        # redirect_dir/metacopy off: the upper layer stays a plain tree of changed files,
+        # which is what diff() reads.
+        host.mount(
+            "rollyard-workspace", self._merged, "overlay",
+            f"lowerdir={self._lower},upperdir={upper},workdir={work},"
+            "redirect_dir=off,metacopy=off,index=off",
+        )  # fmt: skip
+
+    def _unmount_workspace(self) -> None:
+        host.umount(self._merged)
+        host.umount(self._layer)
+
+    def reset(self) -> None:
+        self._check_open("reset")
+        assert self._cgroup is not None
+        self._cgroup.kill_all()
+        self._unmount_workspace()
+        self._mount_workspace()
+
+    # -- commands --------------------------------------------------------------------------------
+
+    def _command_argv(self, command: str | Sequence[str], env: Mapping[str, str] | None,
+                      seccomp_fd: int, status_fd: int, cpu_time_s: int) -> list[str]:  # fmt: skip
+        assert self._cgroup is not None
+        if isinstance(command, str):
+            inner = ["/bin/sh", "-c", command]
+        else:
+            inner = [str(part) for part in command]
+            if not inner:
+                raise ValueError("execute() needs a non-empty command")
+        environment = {
+            "PATH": f"{_python_bin_dir()}:{SANDBOX_PATH}",
+            "HOME": "/tmp",
+            "TMPDIR": "/tmp",
+            "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+        for name, value in (env or {}).items():
+            if not name or "=" in name or "\0" in name or "\0" in value:
+                raise ValueError(f"invalid environment variable name or value: {name!r}")
+            environment[name] = value
+        bwrap = [
+            self._bwrap, "--unshare-all", "--unshare-user", "--disable-userns",
+            "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+            "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
+            *_system_layout_args(),
+        ]  # fmt: skip
+        for index, runtime in enumerate(host.python_runtime_dirs()):
+            bwrap += ["--ro-bind", str(self._dir / "runtime" / str(index)), str(runtime)]
+        bwrap += [
+            "--proc", "/proc", "--dev", "/dev",
+            "--size", str(self.limits.disk_mb << 20), "--tmpfs", "/tmp",
+            "--bind", str(self._merged), WORKSPACE_MOUNT, "--chdir", WORKSPACE_MOUNT,
+            "--remount-ro", "/", "--clearenv",
+        ]  # fmt: skip
+        for name, value in environment.items():
+            bwrap += ["--setenv", name, value]
+        bwrap += ["--seccomp", str(seccomp_fd), "--json-status-fd", str(status_fd),
+                  "--", *inner]  # fmt: skip
+        uid = str(host.SANDBOX_HOST_UID)
+        setpriv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+        procs = [str(p) for p in self._cgroup.procs_files]
+        return ["/bin/sh", "-c", _LAUNCHER, "launcher", str(cpu_time_s), *procs, "--",
+                *setpriv, *bwrap]  # fmt: skip
+
+    def execute(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout_s: float | None = None,
+        stdin: str | bytes | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> ExecResult:
+        self._check_open("execute")
+        assert self._cgroup is not None
+        if timeout_s is None:
+            timeout_s = self.limits.wall_time_s
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
+        cpu_time_s = max(1, int(-(-self.limits.cpu_time_s // 1)))
+        seccomp_fd = host.seccomp_fd()
+        status_read, status_write = os.pipe()
+        try:
+            argv = self._command_argv(command, env, seccomp_fd, status_write, cpu_time_s)
+            with contextlib.ExitStack() as stack:
+                stdin_file: int | object = subprocess.DEVNULL
+                if stdin is not None:
+                    data = stdin.encode() if isinstance(stdin, str) else stdin
+                    spool = stack.enter_context(tempfile.TemporaryFile())
+                    spool.write(data)
+                    spool.seek(0)
+                    stdin_file = spool
+                started = time.monotonic()
+                try:
+                    process = subprocess.Popen(
+                        argv, stdin=stdin_file, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, pass_fds=(seccomp_fd, status_write),
+                        start_new_session=True,
+                    )  # fmt: skip
+                except OSError as error:
+                    os.close(status_read)
+                    raise SandboxSetupError(f"cannot start bwrap: {error}") from error
+        finally:
+            os.close(seccomp_fd)
+            os.close(status_write)
+        stdout, stderr, timed_out = self._collect(process, timeout_s, started)
+        child_started = _read_child_started(status_read)
+        duration_s = time.monotonic() - started
+        returncode = process.returncode
+        exit_code = returncode if returncode >= 0 else 128 - returncode
+        self._cgroup.kill_all()  # daemons and setsid children end with the call
+        oom_killed = self._cgroup.take_oom_kills() > 0
+        if not child_started and not timed_out:
+            # bwrap reports the child's pid once the sandbox is built; without it the failure
+            # is the host's, whatever the command would have done.
+            raise SandboxSetupError(
+                f"the sandbox could not start the command (exit {exit_code}): "
+                f"{stderr.text().strip()[:500]}"
+            )
+        return ExecResult(
+            exit_code=exit_code if not timed_out else 124 if exit_code == 0 else exit_code,
+            stdout=stdout.text(),
+            stderr=stderr.text(),
+            duration_s=duration_s,
+            timed_out=timed_out,
+            oom_killed=oom_killed,
+            output_truncated=stdout.truncated or stderr.truncated,
+        )
+
+    def _collect(self, process: subprocess.Popen[bytes], timeout_s: float,
+                 started: float) -> tuple[CappedBuffer, CappedBuffer, bool]:  # fmt: skip
+        assert process.stdout is not None and process.stderr is not None
+        assert self._cgroup is not None
+        stdout = CappedBuffer(self.limits.output_bytes)
+        stderr = CappedBuffer(self.limits.output_bytes)
+        buffers = {process.stdout.fileno(): stdout, process.stderr.fileno(): stderr}
+        deadline = started + timeout_s
+        timed_out = False
+        with selectors.DefaultSelector() as selector:
+            for stream in (process.stdout, process.stderr):
+                os.set_blocking(stream.fileno(), False)
+                selector.register(stream.fileno(), selectors.EVENT_READ)
+            while selector.get_map():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 and not timed_out:
+                    timed_out = True
+                    self._cgroup.kill_all()
+                    # everything is dead now: the pipes close; drain what is left quickly
+                    deadline = time.monotonic() + 5.0
+                    continue
+                if remaining <= 0:
+                    break  # a pipe held open by something outside the cgroup: stop reading
+                for key, _ in selector.select(timeout=min(remaining, 1.0)):
+                    fd = key.fd
+                    try:
+                        chunk = os.read(fd, 1 << 16)
+                    except BlockingIOError:
+                        continue
+                    if chunk:
+                        buffers[fd].append(chunk)
+                    else:
+                        selector.unregister(fd)
+        process.stdout.close()
+        process.stderr.close()
+        try:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()) if not timed_out else 5)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            self._cgroup.kill_all()
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            process.wait()
+        return stdout, stderr, timed_out
+
+    # -- files ------------------------------------------------------------------------------------
+
+    def _resolve(self, path: str) -> Path:
+        """Host path of a workspace path, refusing anything that leaves the workspace. Symlinks
+        are resolved here, on the host, so an absolute link would point into the host's root:
+        those are refused too. Nothing runs inside between calls, so the check cannot race."""
+        relative = path
+        if os.path.isabs(relative):
+            if relative != WORKSPACE_MOUNT and not relative.startswith(WORKSPACE_MOUNT + "/"):
+                raise WorkspacePathError(
+                    f"{path!r} is outside the workspace; give a path relative to it or under "
+                    f"{WORKSPACE_MOUNT}"
+                )
+            relative = relative[len(WORKSPACE_MOUNT):].lstrip("/")
+        root = os.path.realpath(self._merged)
+        candidate = os.path.realpath(os.path.join(root, relative))
+        if candidate != root and not candidate.startswith(root + os.sep):
+            raise WorkspacePathError(
+                f"{path!r} resolves outside the workspace (through '..' or a symlink)"
+            )
+        return Path(candidate)
+
+    def read_file(self, path: str) -> bytes:
+        self._check_open("read_file")
+        target = self._resolve(path)
+        try:
+            with target.open("rb") as handle:
+                data = handle.read(self.limits.disk_mb << 20)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"no file {path!r} in the workspace") from None
+        except IsADirectoryError:
+            raise IsADirectoryError(f"{path!r} is a directory in the workspace") from None
+        return data
+
+    def write_file(self, path: str, data: str | bytes) -> None:
+        self._check_open("write_file")
+        target = self._resolve(path)
+        if target == Path(os.path.realpath(self._merged)):
+            raise WorkspacePathError(f"{path!r} is the workspace itself, not a file")
+        payload = data.encode() if isinstance(data, str) else data
+        uid = host.SANDBOX_HOST_UID
+        missing: list[Path] = []
+        parent = target.parent
+        while not parent.exists():
+            missing.append(parent)
+            parent = parent.parent
+        try:
+            for directory in reversed(missing):
+                directory.mkdir()
+                os.chown(directory, uid, uid)
+            with target.open("wb") as handle:
+                handle.write(payload)
+            os.chown(target, uid, uid)  # so commands inside can edit it later
+        except OSError as error:
+            if error.errno == 28:  # ENOSPC: the workspace disk limit
+                raise SandboxError(
+                    f"writing {path!r} exceeds the workspace disk limit of "
+                    f"{self.limits.disk_mb} MB"
+                ) from error
+            raise
+
+    # -- diff ---------------------------------------------------------------------------------
+
+    def diff(self) -> WorkspaceDiff:
+        self._check_open("diff")
+        upper = self._layer / "upper"
+        added: set[str] = set()
+        modified: set[str] = set()
+        deleted: set[str] = set()
+
+        def lower_files_under(relative: str) -> list[str]:
+            base = self._lower / relative
+            if not base.is_dir() or base.is_symlink():
+                return [relative] if base.exists() or base.is_symlink() else []
+            found = []
+            for dirpath, _, filenames in os.walk(base):
+                for name in filenames:
+                    found.append((Path(dirpath) / name).relative_to(self._lower).as_posix())
+            return found
+
+        for dirpath, dirnames, filenames in os.walk(upper):
+            here = Path(dirpath)
+            relative_dir = here.relative_to(upper).as_posix()
+            if relative_dir != "." and _is_opaque(here):
+                present = {(here / n).relative_to(upper).as_posix() for n in filenames}
+                for name in lower_files_under(relative_dir):
+                    if name not in present and not (upper / name).exists():
+                        deleted.add(name)
+            for name in [*filenames, *dirnames]:
+                entry = here / name
+                relative = entry.relative_to(upper).as_posix()
+                st = entry.lstat()
+                lower = self._lower / relative
+                if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:  # whiteout: deleted
+                    deleted.update(lower_files_under(relative))
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    if lower.exists() and not lower.is_dir():
+                        deleted.add(relative)  # a file replaced by a directory
+                    continue
+                if lower.is_symlink() or lower.is_file():
+                    if not same_entry(lower, lower.lstat(), entry, st):
+                        modified.add(relative)
+                else:
+                    if lower.is_dir():
+                        deleted.update(lower_files_under(relative))
+                    added.add(relative)
+        return WorkspaceDiff(
+            added=tuple(sorted(added)),
+            modified=tuple(sorted(modified)),
+            deleted=tuple(sorted(deleted - added)),
+        )
+
+    # -- teardown -----------------------------------------------------------------------------
+
+    def _close(self) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        errors: list[BaseException] = []
+        if self._cgroup is not None:
+            try:
+                self._cgroup.remove()
+            except (OSError, SandboxError) as error:
+                errors.append(error)
+        try:
+            host.release_runtime_dir(self._dir)
+        except (OSError, SandboxError) as error:
+            errors.append(error)
+        if errors:
+            raise SandboxSetupError(f"cleanup of sandbox {self.sandbox_id} failed: {errors[0]}")
+
+
+def _is_opaque(directory: Path) -> bool:
+    try:
+        return os.getxattr(directory, "trusted.overlay.opaque", follow_symlinks=False) == b"y"
+    except OSError:
+        return False
+
