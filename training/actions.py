@@ -1,0 +1,179 @@
+"""The tool actions a coding agent takes, what it observes back, and the history a policy reads.
+
+Actions are the four tool calls every rollyard policy speaks — run a command, read a file, edit a
+file by replacing text, submit — whether it is the built-in torch policy, an LLM behind an
+OpenAI-compatible endpoint, or a Gymnasium agent sending text. One JSON form (`action_to_json`)
+serves all three: it is the tool-call arguments on the wire, the Gymnasium text action and the
+stored step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from training.errors import ActionParseError
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunCommand:
+    """Run a shell command in the workspace (`/bin/sh -c`)."""
+
+    command: str
+    tool = "run_command"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReadFile:
+    """Read a workspace file (path relative to the workspace)."""
+
+    path: str
+    tool = "read_file"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EditFile:
+    """Replace the one occurrence of `old_text` in a workspace file with `new_text`.
+
+    Like the editors LLM agents use: the edit fails (and changes nothing) unless `old_text`
+    occurs exactly once, so an edit is never applied somewhere the agent did not mean."""
+
+    path: str
+    old_text: str
+    new_text: str
+    tool = "edit_file"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Submit:
+    """Declare the task done; the episode ends (terminated) and the verifier runs."""
+
+    tool = "submit"
+
+
+Action = RunCommand | ReadFile | EditFile | Submit
+
+TOOL_NAMES = ("run_command", "read_file", "edit_file", "submit")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Observation:
+    """What the environment answered to one action, as the policy sees it."""
+
+    text: str
+    """Output shown to the policy (command output, file contents, an edit's outcome), capped."""
+    exit_code: int | None = None
+    """The command's exit code (`run_command`), 0/1 for a read or edit that worked/failed."""
+    truncated: bool = False
+    """`text` was cut to the observation cap (or the command's output was)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Turn:
+    """One action and the observation it produced."""
+
+    action: Action
+    observation: Observation
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class History:
+    """Everything a policy has seen in an episode so far: the task instruction, then its turns."""
+
+    instruction: str
+    turns: tuple[Turn, ...] = ()
+
+    def append(self, action: Action, observation: Observation) -> History:
+        return History(self.instruction, (*self.turns, Turn(action, observation)))
+
+    @property
+    def step_count(self) -> int:
+        return len(self.turns)
+
+
+# -- one JSON form for every action -----------------------------------------------------------
+
+
+def action_arguments(action: Action) -> dict[str, str]:
+    """The tool-call arguments of `action` (what an LLM puts in `tool_calls[].function`)."""
+    match action:
+        case RunCommand(command=command):
+            return {"command": command}
+        case ReadFile(path=path):
+            return {"path": path}
+        case EditFile(path=path, old_text=old_text, new_text=new_text):
+            return {"path": path, "old_text": old_text, "new_text": new_text}
+        case Submit():
+            return {}
+
+
+def action_from_tool_call(name: str, arguments: str | dict[str, Any]) -> Action:
+    """Build an action from a tool name and its arguments (a JSON object or its text).
+
+    Raises `ActionParseError` naming what is wrong, so a model's malformed call becomes an
+    observation it can correct rather than a crash."""
+    if isinstance(arguments, str):
+        try:
+            parsed = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError as error:
+            raise ActionParseError(
+                f"arguments of tool {name!r} are not valid JSON ({error.msg}); "
+                'send an object such as {"command": "ls"}'
+            ) from None
+    else:
+        parsed = arguments
+    if not isinstance(parsed, dict):
+        raise ActionParseError(f"arguments of tool {name!r} must be a JSON object, got {parsed!r}")
+
+    def field(key: str) -> str:
+        value = parsed.get(key)
+        if not isinstance(value, str):
+            raise ActionParseError(
+                f"tool {name!r} needs a string argument {key!r}; got {value!r}"
+            )
+        return value
+
+    if name == "run_command":
+        return RunCommand(field("command"))
+    if name == "read_file":
+        return ReadFile(field("path"))
+    if name == "edit_file":
+        return EditFile(field("path"), field("old_text"), field("new_text"))
+    if name == "submit":
+        return Submit()
+    raise ActionParseError(f"unknown tool {name!r}; use one of {', '.join(TOOL_NAMES)}")
+
+
+def action_to_json(action: Action) -> str:
+    """`{"tool": ..., <arguments>}` as compact JSON: the stored and Gymnasium text form."""
+    return json.dumps({"tool": action.tool, **action_arguments(action)}, ensure_ascii=False)
+
+
+def action_from_json(text: str) -> Action:
+    """Inverse of `action_to_json`; raises `ActionParseError` with what to send instead."""
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError:
+        raise ActionParseError(
+            'an action is a JSON object such as {"tool": "run_command", "command": "ls"}; '
+            f"got {text[:80]!r}"
+        ) from None
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("tool"), str):
+        raise ActionParseError(
+            f'an action needs a "tool" field naming one of {", ".join(TOOL_NAMES)}; '
+            f"got {text[:80]!r}"
+        )
+    tool = parsed.pop("tool")
+    return action_from_tool_call(tool, parsed)
+
+
+def cap_text(text: str, max_chars: int) -> tuple[str, bool]:
+    """Keep the head and tail of `text` within `max_chars`; the tail holds pytest's summary and
+    the last traceback frames, the head the first failure, so both are worth keeping."""
+    if len(text) <= max_chars:
+        return text, False
+    marker = f"\n[... {len(text) - max_chars} characters cut ...]\n"
+    keep = max(0, max_chars - len(marker))
+    head = keep // 2
+    return text[:head] + marker + text[len(text) - (keep - head) :], True

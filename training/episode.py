@@ -1,0 +1,275 @@
+"""The episode runner: a policy acts step by step in a sandbox, then the verifier scores the result.
+
+`run_episode` resets the sandbox to the task snapshot, asks the policy for actions until it
+submits or a budget ends the episode (max steps, per-step and per-episode wall clock), records
+every step, and hands the workspace to the verifier — which never trusts the agent's sandbox: it
+rebuilds the candidate from the sandbox's diff in a fresh one. Every way an episode can end has
+a status (`training.trajectory.EpisodeStatus`); nothing raises out of it but programming errors,
+so one broken episode cannot take down a batch of hundreds on a Dask worker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from sandboxes import ExecResult, Sandbox, SandboxError, WorkspacePathError
+from tasks_lib.model import Task
+
+from training.actions import (
+    Action,
+    EditFile,
+    History,
+    Observation,
+    ReadFile,
+    RunCommand,
+    Submit,
+    cap_text,
+)
+from training.policy import Policy
+from training.trajectory import EpisodeKey, EpisodeStatus, Step, Trajectory
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EpisodeConfig:
+    """Budgets of one episode."""
+
+    max_steps: int = 12
+    """Actions before the episode is truncated (a submit ends it earlier, terminated)."""
+    step_timeout_s: float = 30.0
+    """Wall-clock limit of one command (also bounded by what is left of the episode budget)."""
+    episode_timeout_s: float | None = None
+    """Wall-clock budget of the acting part of the episode; None uses the task's
+    `agent_timeout_s`. Verification has its own budget (the task's `verify_timeout_s`)."""
+    observation_max_chars: int = 6000
+    """Observation text kept per step (head and tail), for the policy and the store."""
+    seed: int = 0
+    """Base seed; each episode's sampling seed mixes it with the episode id."""
+
+
+class Verdict(Protocol):
+    """What the runner reads from a verifier's result (`tasks_lib`'s `VerificationResult`)."""
+
+    @property
+    def reward(self) -> float: ...
+    @property
+    def status(self) -> str: ...
+
+
+Verifier = Callable[[Task, Sandbox], Verdict]
+"""Scores the agent's sandbox after the episode: `(task, agent_sandbox) -> verdict`."""
+
+
+def verify_agent_sandbox(task: Task, sandbox: Sandbox) -> Verdict:
+    """The default verifier: the agent's changes, replayed in a fresh sandbox by `tasks_lib`."""
+    from tasks_lib import verify
+    from tasks_lib.candidate import CandidateChanges
+
+    return verify(task, CandidateChanges.from_sandbox(sandbox))  # type: ignore[no-any-return]
+
+
+_VERDICT_STATUSES = {
+    "infra_error": EpisodeStatus.INFRA_ERROR,
+    "verifier_error": EpisodeStatus.VERIFIER_ERROR,
+    "error": EpisodeStatus.VERIFIER_ERROR,
+    "task_error": EpisodeStatus.TASK_ERROR,
+}
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"[:2000]
+
+
+def _command_observation(result: ExecResult, max_chars: int) -> Observation:
+    parts = []
+    if result.stdout:
+        parts.append(result.stdout)
+    if result.stderr:
+        parts.append(result.stderr)
+    if result.timed_out:
+        parts.append(f"[command timed out after {result.duration_s:.1f}s and was killed]")
+    if result.oom_killed:
+        parts.append("[a process of the command was killed: out of memory]")
+    parts.append(f"[exit code {result.exit_code}]")
+    text, cut = cap_text("\n".join(parts), max_chars)
+    return Observation(text, result.exit_code, cut or result.output_truncated)
+
+
+def apply_action(
+    sandbox: Sandbox, action: Action, *, timeout_s: float, max_chars: int
+) -> tuple[Observation, bool]:
+    """Carry out one action in the sandbox; returns the observation and whether it timed out.
+
+    Mistakes of the agent (a missing file, an edit whose text is not there) are observations it
+    can learn from; `SandboxError`s other than a bad path propagate: they are infra failures."""
+    match action:
+        case RunCommand(command=command):
+            result = sandbox.execute(command, timeout_s=timeout_s)
+            return _command_observation(result, max_chars), result.timed_out
+        case ReadFile(path=path):
+            try:
+                data = sandbox.read_file(path)
+            except (OSError, WorkspacePathError) as error:
+                return Observation(f"cannot read {path!r}: {error}", 1), False
+            text, cut = cap_text(data.decode("utf-8", errors="replace"), max_chars)
+            return Observation(text, 0, cut), False
+        case EditFile(path=path, old_text=old_text, new_text=new_text):
+            try:
+                content = sandbox.read_file(path).decode("utf-8", errors="replace")
+            except (OSError, WorkspacePathError) as error:
+                return Observation(f"cannot edit {path!r}: {error}", 1), False
+            if not old_text:
+                return Observation("old_text is empty; give the exact text to replace", 1), False
+            count = content.count(old_text)
+            if count != 1:
+                reason = "does not occur" if count == 0 else f"occurs {count} times"
+                hint = "read the file again" if count == 0 else "include more surrounding lines"
+                return Observation(f"edit not applied: old_text {reason} in {path}; {hint}", 1), False
+            try:
+                sandbox.write_file(path, content.replace(old_text, new_text, 1))
+            except WorkspacePathError as error:
+                return Observation(f"cannot edit {path!r}: {error}", 1), False
+            return Observation(f"edited {path}", 0), False
+        case Submit():
+            return Observation("submitted", 0), False
+
+
+def run_episode(
+    task: Task,
+    policy: Policy,
+    sandbox: Sandbox,
+    *,
+    key: EpisodeKey,
+    config: EpisodeConfig | None = None,
+    verifier: Verifier | None = None,
+) -> Trajectory:
+    """Run one episode of `policy` on `task` in `sandbox` (open, over the task's snapshot).
+
+    The sandbox is reset first and left as the episode left it (the caller owns it: a pool
+    resets and reuses it). Never raises for sandbox, policy or verifier failures: they come back
+    as the trajectory's status with the error message."""
+    config = config or EpisodeConfig()
+    verifier = verifier or verify_agent_sandbox
+    episode_id = key.episode_id(task.id)
+    seed = key.seed(config.seed, task.id)
+    budget_s = config.episode_timeout_s or task.agent_timeout_s
+    started_at_s = time.time()
+    start = time.monotonic()
+    steps: list[Step] = []
+    history = History(task.instruction)
+    status = EpisodeStatus.OK
+    error: str | None = None
+    terminated = truncated = False
+    sandbox_s = policy_s = verify_s = 0.0
+    reward: float | None = None
+    partial_credit: float | None = None
+    passed: bool | None = None
+    flags: tuple[str, ...] = ()
+    policy_version = policy.version
+    snapshot_digest = ""
+
+    try:
+        snapshot_digest = sandbox.snapshot_digest
+        sandbox.reset()
+    except SandboxError as failure:
+        status, error = EpisodeStatus.INFRA_ERROR, f"reset failed: {_describe(failure)}"
+
+    if status is EpisodeStatus.OK:
+        policy.seed(seed)
+        for index in range(config.max_steps):
+            remaining_s = budget_s - (time.monotonic() - start)
+            if remaining_s <= 0:
+                status, truncated = EpisodeStatus.TIMEOUT, True
+                error = f"episode budget of {budget_s:.0f}s ran out after {index} steps"
+                break
+            choose_start = time.monotonic()
+            try:
+                decision = policy.act(history)
+            except Exception as failure:  # any policy failure, including its model's bugs
+                policy_s += time.monotonic() - choose_start
+                status, error = EpisodeStatus.POLICY_ERROR, _describe(failure)
+                break
+            chose_s = time.monotonic() - choose_start
+            policy_s += chose_s
+            remaining_s = budget_s - (time.monotonic() - start)
+            act_start = time.monotonic()
+            try:
+                observation, timed_out = apply_action(
+                    sandbox,
+                    decision.action,
+                    timeout_s=max(0.1, min(config.step_timeout_s, remaining_s)),
+                    max_chars=config.observation_max_chars,
+                )
+            except SandboxError as failure:
+                sandbox_s += time.monotonic() - act_start
+                status, error = EpisodeStatus.INFRA_ERROR, _describe(failure)
+                break
+            acted_s = time.monotonic() - act_start
+            sandbox_s += acted_s
+            steps.append(
+                Step(
+                    index=index,
+                    action=decision.action,
+                    observation=observation,
+                    duration_s=acted_s,
+                    policy_s=chose_s,
+                    timed_out=timed_out,
+                    logprob=decision.logprob,
+                    record=decision.record,
+                )
+            )
+            history = history.append(decision.action, observation)
+            if isinstance(decision.action, Submit):
+                terminated = True
+                break
+        else:
+            truncated = True
+
+    if status in (EpisodeStatus.OK, EpisodeStatus.TIMEOUT):
+        verify_start = time.monotonic()
+        try:
+            verdict = verifier(task, sandbox)
+        except Exception as failure:  # a verifier crash is a status, never a reward of 0
+            status, error = EpisodeStatus.VERIFIER_ERROR, _describe(failure)
+        else:
+            mapped = _VERDICT_STATUSES.get(str(verdict.status))
+            if mapped is not None:
+                status = mapped
+                error = str(getattr(verdict, "error", None) or f"verifier status {verdict.status}")
+            else:
+                reward = float(verdict.reward)
+                partial = getattr(verdict, "partial_credit", None)
+                partial_credit = float(partial) if partial is not None else None
+                passed_value = getattr(verdict, "passed", None)
+                passed = bool(passed_value) if passed_value is not None else reward >= 1.0
+                flags = tuple(str(flag) for flag in getattr(verdict, "flags", ()) or ())
+        verify_s = time.monotonic() - verify_start
+
+    return Trajectory(
+        episode_id=episode_id,
+        group_id=key.group_id(task.id),
+        key=key,
+        task_id=task.id,
+        task_version=task.version,
+        instruction=task.instruction,
+        snapshot_digest=snapshot_digest,
+        sandbox_backend=getattr(sandbox, "backend_name", "unknown"),
+        policy_version=policy_version,
+        status=status,
+        steps=tuple(steps),
+        terminated=terminated,
+        truncated=truncated,
+        reward=reward,
+        partial_credit=partial_credit,
+        passed=passed,
+        flags=flags,
+        error=error,
+        seed=seed,
+        wall_s=time.monotonic() - start,
+        sandbox_s=sandbox_s,
+        policy_s=policy_s,
+        verify_s=verify_s,
+        started_at_s=started_at_s,
+    )

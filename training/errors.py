@@ -1,0 +1,43 @@
+"""The training exception tree: catch `TrainingError` for everything, or a subclass for one cause.
+
+Every exception passes all its arguments to `super().__init__` so it pickles across Dask and
+Prefect process boundaries unchanged.
+"""
+
+from __future__ import annotations
+
+
+class TrainingError(Exception):
+    """Base of every error raised by `training`."""
+
+
+class PolicyError(TrainingError):
+    """A policy could not choose an action (its model failed, or its output could not be used).
+
+    The episode runner turns it into the `policy_error` status; it is never scored as reward 0."""
+
+
+class PolicyServerError(PolicyError):
+    """An OpenAI-compatible endpoint failed after every retry (connection refused, timeouts,
+    HTTP 5xx/429), or answered with a body that is not a chat completion."""
+
+    def __init__(self, message: str, status_code: int | None = None) -> None:
+        super().__init__(message, status_code)
+        self.message = message
+        self.status_code = status_code
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ActionParseError(TrainingError, ValueError):
+    """Text or a tool call could not be read as an action (unknown tool, missing argument)."""
+
+
+class TrainerError(TrainingError):
+    """The trainer was given something it cannot learn from (a trajectory without the policy
+    record the policy needs to recompute log-probabilities, a checkpoint of another shape)."""
+
+
+class EnvLifecycleError(TrainingError, RuntimeError):
+    """A Gymnasium environment method was called out of order (step before reset, after close)."""

@@ -1,0 +1,303 @@
+"""GRPO for the built-in policy: group-relative advantages and a PPO-style clipped objective.
+
+Read top to bottom like CleanRL's ppo.py:
+
+1. `group_advantages` — samples of one task in one iteration form a group; each trajectory's
+   advantage is its reward minus the group mean (divided by the group's standard deviation when
+   `normalize_by_std`). Groups that cannot teach anything are masked *explicitly* and counted:
+   groups whose rewards are all equal (zero variance: every advantage would be 0) and groups
+   holding infra failures (sandbox, verifier, task or policy errors: no reward to compare).
+2. `GRPOTrainer.update` — every action of a trajectory shares its advantage; for `epochs`
+   passes over minibatches it recomputes log π(a|s) from the stored candidate features, forms the
+   ratio against the log-probability recorded when the action was sampled, and minimizes
+   -min(ratio·A, clip(ratio, 1-ε, 1+ε)·A) averaged over actions, minus an entropy bonus.
+3. Metrics come back as an `UpdateMetrics` value (`as_dict()` for the store's metrics table);
+   `state_dict()` holds policy + optimizer for checkpoints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+
+from training.errors import TrainerError
+from training.policy import ScorerRecord
+from training.scorer_policy import CandidateScorerPolicy
+from training.trajectory import Trajectory
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GRPOConfig:
+    """Hyper-parameters of the GRPO update."""
+
+    learning_rate: float = 0.03
+    """Adam step size. High for a network this small: it must learn within a few iterations."""
+    epochs: int = 4
+    """Passes over each batch (the ratio leaves 1 after the first; the clip bounds how far)."""
+    minibatches: int = 2
+    """Minibatches per epoch, split by trajectory (a trajectory's actions stay together)."""
+    clip_epsilon: float = 0.2
+    """PPO clip range ε: the ratio's influence is cut outside [1-ε, 1+ε]."""
+    entropy_coef: float = 0.01
+    """Weight of the entropy bonus; keeps the policy exploring before it is sure."""
+    max_grad_norm: float = 1.0
+    """Gradients are clipped to this global norm."""
+    normalize_by_std: bool = True
+    """Divide advantages by the group's reward std (GRPO); False keeps reward-minus-mean
+    (Dr. GRPO), which does not up-weight groups that barely differ."""
+    advantage_epsilon: float = 1e-6
+    """Added to the std before dividing, and the variance below which a group counts as
+    zero-variance."""
+    min_group_size: int = 2
+    """Groups with fewer trainable samples than this are masked (no baseline to compare to)."""
+    infra_failures: Literal["mask_group", "drop_samples"] = "mask_group"
+    """What a group with an infra failure contributes. `mask_group`: nothing — its baseline
+    would come from fewer samples than its peers', and failures can correlate with what the
+    policy did. `drop_samples`: its trainable samples, if `min_group_size` remain."""
+    seed: int = 0
+    """Seed of minibatch shuffling."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GroupStats:
+    """How the batch's groups were used."""
+
+    groups_total: int
+    groups_used: int
+    groups_zero_variance: int
+    groups_with_infra_failures: int
+    groups_too_small: int
+    samples_total: int
+    samples_used: int
+    samples_infra_failed: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UpdateMetrics:
+    """What one update did; `as_dict()` gives rows for the store's metrics table."""
+
+    policy_version_before: str
+    policy_version_after: str
+    reward_mean: float
+    """Mean reward of trainable trajectories (masked groups included: it is the batch's score)."""
+    reward_std: float
+    pass_rate: float
+    groups: GroupStats
+    steps_used: int
+    loss: float
+    policy_loss: float
+    entropy: float
+    approx_kl: float
+    """Mean of (ratio - 1) - log ratio over the last epoch (k3 estimator)."""
+    clip_fraction: float
+    """Share of actions whose ratio left [1-ε, 1+ε] in the last epoch."""
+    grad_norm: float
+    optimizer_steps: int
+
+    def as_dict(self) -> dict[str, float]:
+        values: dict[str, float] = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, GroupStats):
+                values.update({k: float(v) for k, v in dataclasses.asdict(value).items()})
+            elif isinstance(value, int | float):
+                values[field.name] = float(value)
+        return values
+
+
+def group_advantages(
+    trajectories: Sequence[Trajectory], config: GRPOConfig | None = None
+) -> tuple[dict[str, float], GroupStats]:
+    """Advantage per episode id for the trajectories that train; everything else is absent.
+
+    Groups are keyed by `Trajectory.group_id` (run / iteration / group / task)."""
+    config = config or GRPOConfig()
+    groups: dict[str, list[Trajectory]] = defaultdict(list)
+    for trajectory in trajectories:
+        groups[trajectory.group_id].append(trajectory)
+    advantages: dict[str, float] = {}
+    used = zero_variance = with_infra = too_small = infra_samples = samples_used = 0
+    for members in groups.values():
+        failed = [t for t in members if not t.trainable]
+        infra_samples += len(failed)
+        if failed:
+            with_infra += 1
+            if config.infra_failures == "mask_group":
+                continue
+        trainable = [t for t in members if t.trainable]
+        if len(trainable) < config.min_group_size:
+            too_small += 1
+            continue
+        rewards = torch.tensor([t.reward for t in trainable], dtype=torch.float64)
+        variance = float(rewards.var(unbiased=False))
+        if variance <= config.advantage_epsilon**2:
+            zero_variance += 1
+            continue
+        centered = rewards - rewards.mean()
+        if config.normalize_by_std:
+            centered = centered / (math.sqrt(variance) + config.advantage_epsilon)
+        for trajectory, advantage in zip(trainable, centered.tolist(), strict=True):
+            advantages[trajectory.episode_id] = advantage
+        used += 1
+        samples_used += len(trainable)
+    stats = GroupStats(
+        groups_total=len(groups),
+        groups_used=used,
+        groups_zero_variance=zero_variance,
+        groups_with_infra_failures=with_infra,
+        groups_too_small=too_small,
+        samples_total=len(trajectories),
+        samples_used=samples_used,
+        samples_infra_failed=infra_samples,
+    )
+    return advantages, stats
+
+
+def clipped_objective(
+    new_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_epsilon: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PPO's clipped surrogate as a loss to minimize (mean over actions), the approximate KL and
+    the clip fraction."""
+    log_ratio = new_logprobs - old_logprobs
+    ratio = log_ratio.exp()
+    unclipped = ratio * advantages
+    clipped = ratio.clamp(1.0 - clip_epsilon, 1.0 + clip_epsilon) * advantages
+    loss = -torch.minimum(unclipped, clipped).mean()
+    with torch.no_grad():
+        approx_kl = ((ratio - 1.0) - log_ratio).mean()
+        clip_fraction = ((ratio - 1.0).abs() > clip_epsilon).float().mean()
+    return loss, approx_kl, clip_fraction
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Sample:
+    record: ScorerRecord
+    old_logprob: float
+    advantage: float
+    episode_id: str
+
+
+class GRPOTrainer:
+    """Trains a `CandidateScorerPolicy` in place from batches of trajectories."""
+
+    def __init__(self, policy: CandidateScorerPolicy, config: GRPOConfig | None = None) -> None:
+        self.policy = policy
+        self.config = config or GRPOConfig()
+        self.optimizer = torch.optim.Adam(policy.network.parameters(), lr=self.config.learning_rate)
+        self.updates = 0
+        """Calls of `update` that changed the policy."""
+        self._random = random.Random(self.config.seed)
+
+    def _samples(self, trajectories: Sequence[Trajectory], advantages: dict[str, float]) -> list[_Sample]:
+        samples = []
+        for trajectory in trajectories:
+            advantage = advantages.get(trajectory.episode_id)
+            if advantage is None:
+                continue
+            for step in trajectory.steps:
+                if not isinstance(step.record, ScorerRecord) or step.logprob is None:
+                    raise TrainerError(
+                        f"episode {trajectory.episode_id} step {step.index} has no candidate-scorer "
+                        f"record (policy {trajectory.policy_version}); the GRPO trainer learns "
+                        "only from trajectories of the built-in policy — export others with "
+                        "training.export_batch"
+                    )
+                samples.append(_Sample(step.record, step.logprob, advantage, trajectory.episode_id))
+        return samples
+
+    def update(self, trajectories: Sequence[Trajectory]) -> UpdateMetrics:
+        """One GRPO update on one iteration's batch (any mix of statuses)."""
+        config = self.config
+        version_before = self.policy.version
+        advantages, stats = group_advantages(trajectories, config)
+        samples = self._samples(trajectories, advantages)
+        rewards = [t.reward for t in trajectories if t.trainable and t.reward is not None]
+        reward_tensor = torch.tensor(rewards, dtype=torch.float64)
+        passed = [t for t in trajectories if t.trainable and t.passed]
+
+        loss_value = policy_loss_value = entropy_value = kl_value = clip_value = grad_value = 0.0
+        optimizer_steps = 0
+        if samples:
+            episode_ids = sorted({s.episode_id for s in samples})
+            for _ in range(config.epochs):
+                self._random.shuffle(episode_ids)
+                chunk = math.ceil(len(episode_ids) / max(1, config.minibatches))
+                epoch_kl, epoch_clip, epoch_count = 0.0, 0.0, 0
+                for start in range(0, len(episode_ids), chunk):
+                    members = set(episode_ids[start : start + chunk])
+                    batch = [s for s in samples if s.episode_id in members]
+                    new_logprobs, entropies = self.policy.log_probs_of([s.record for s in batch])
+                    old_logprobs = torch.tensor([s.old_logprob for s in batch])
+                    batch_advantages = torch.tensor([s.advantage for s in batch])
+                    policy_loss, approx_kl, clip_fraction = clipped_objective(
+                        new_logprobs, old_logprobs, batch_advantages, config.clip_epsilon
+                    )
+                    entropy = entropies.mean()
+                    loss = policy_loss - config.entropy_coef * entropy
+                    self.optimizer.zero_grad()
+                    loss.backward()
+                    grad_norm = torch.nn.utils.clip_grad_norm_(
+                        self.policy.network.parameters(), config.max_grad_norm
+                    )
+                    self.optimizer.step()
+                    optimizer_steps += 1
+                    loss_value, policy_loss_value = float(loss), float(policy_loss)
+                    entropy_value, grad_value = float(entropy), float(grad_norm)
+                    epoch_kl += float(approx_kl) * len(batch)
+                    epoch_clip += float(clip_fraction) * len(batch)
+                    epoch_count += len(batch)
+                kl_value, clip_value = epoch_kl / epoch_count, epoch_clip / epoch_count
+            self.policy.mark_updated()
+            self.updates += 1
+
+        return UpdateMetrics(
+            policy_version_before=version_before,
+            policy_version_after=self.policy.version,
+            reward_mean=float(reward_tensor.mean()) if rewards else 0.0,
+            reward_std=float(reward_tensor.std(unbiased=False)) if rewards else 0.0,
+            pass_rate=len(passed) / len(rewards) if rewards else 0.0,
+            groups=stats,
+            steps_used=len(samples),
+            loss=loss_value,
+            policy_loss=policy_loss_value,
+            entropy=entropy_value,
+            approx_kl=kl_value,
+            clip_fraction=clip_value,
+            grad_norm=grad_value,
+            optimizer_steps=optimizer_steps,
+        )
+
+    # -- checkpoints ------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Policy, optimizer and counters: what a checkpoint holds to resume exactly."""
+        return {
+            "policy": self.policy.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "config": dataclasses.asdict(self.config),
+            "updates": self.updates,
+            "shuffle_state": self._random.getstate(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.policy.load_state_dict(state["policy"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = int(state["updates"])
+        shuffle_state = state.get("shuffle_state")
+        if shuffle_state is not None:
+            self._random.setstate(_as_random_state(shuffle_state))
+
+
+def _as_random_state(state: Any) -> tuple[Any, ...]:
+    # A state that went through torch.save/load comes back with lists where tuples were.
+    version, internal, gauss = state
+    return (version, tuple(internal), gauss)

@@ -1,0 +1,206 @@
+"""What one episode produced: a frozen, picklable `Trajectory` with a stable id and a status.
+
+A trajectory carries everything the trainer, the store and an external trainer need: the task id
+and version, the snapshot digest, the policy version, every step (action, capped observation,
+exit code, durations, log-probability and policy record) and the verifier's verdict. It converts
+to the store's `EpisodeRecord` / `StepRecord` rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+from typing import TYPE_CHECKING
+
+from training.actions import Action, History, Observation, action_to_json
+from training.policy import ChatRecord, PolicyRecord
+
+if TYPE_CHECKING:
+    from storage.records import EpisodeRecord, StepRecord
+
+
+class EpisodeStatus(enum.StrEnum):
+    """Every way an episode can end. Only `ok` and `timeout` are the policy's doing and carry a
+    reward the trainer learns from; the others are masked and counted, never scored as 0."""
+
+    OK = "ok"
+    """The policy submitted or used up its step budget, and the verifier scored the workspace."""
+    TIMEOUT = "timeout"
+    """The episode's wall-clock budget ran out (truncated); the workspace was still verified."""
+    POLICY_ERROR = "policy_error"
+    """The policy raised (its model crashed, its endpoint stayed down after retries)."""
+    INFRA_ERROR = "infra_error"
+    """The sandbox failed underneath the episode (reset, execute, read, write)."""
+    VERIFIER_ERROR = "verifier_error"
+    """The verifier crashed or could not produce a verdict."""
+    TASK_ERROR = "task_error"
+    """The verifier judged the task itself broken (its tests do not run as declared)."""
+
+
+TRAINABLE_STATUSES = frozenset({EpisodeStatus.OK, EpisodeStatus.TIMEOUT})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EpisodeKey:
+    """Where an episode sits in a run; its id is derived from this and the task id, so a replayed
+    rollout gets the same id as the original."""
+
+    run_id: str
+    iteration: int
+    group_index: int = 0
+    """Which group of the iteration (one group = one task sampled G times)."""
+    sample_index: int = 0
+    """Which sample of its group."""
+    attempt: int = 0
+    """Retry number of the same sample after an infra failure."""
+
+    def episode_id(self, task_id: str) -> str:
+        from storage.records import episode_id_for
+
+        return episode_id_for(
+            self.run_id, self.iteration, task_id, self.group_index, self.sample_index, self.attempt
+        )
+
+    def group_id(self, task_id: str) -> str:
+        """Samples of one group share it: the unit of group-relative advantages."""
+        return f"{self.run_id}/{self.iteration}/{self.group_index}/{task_id}"
+
+    def seed(self, base_seed: int, task_id: str) -> int:
+        """The episode's sampling seed: a function of the run's seed and the episode id."""
+        digest = hashlib.sha256(f"{base_seed}\x1f{self.episode_id(task_id)}".encode()).digest()
+        return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Step:
+    """One action of an episode and what came back."""
+
+    index: int
+    action: Action
+    observation: Observation
+    duration_s: float
+    """Time the environment took to carry out the action (sandbox execution, file I/O)."""
+    policy_s: float
+    """Time the policy took to choose it."""
+    timed_out: bool = False
+    """The command hit its per-step time limit."""
+    logprob: float | None = None
+    record: PolicyRecord | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Trajectory:
+    """One episode, end to end."""
+
+    episode_id: str
+    group_id: str
+    key: EpisodeKey
+    task_id: str
+    task_version: str
+    instruction: str
+    snapshot_digest: str
+    sandbox_backend: str
+    policy_version: str
+    status: EpisodeStatus
+    steps: tuple[Step, ...]
+    terminated: bool
+    """The policy submitted."""
+    truncated: bool
+    """A budget ended the episode (max steps or wall clock)."""
+    reward: float | None
+    """The verifier's reward; None when there is no verdict (error statuses)."""
+    partial_credit: float | None = None
+    passed: bool | None = None
+    flags: tuple[str, ...] = ()
+    """Reward-hack and guard flags the verifier raised."""
+    error: str | None = None
+    """What went wrong, for every status but `ok`."""
+    seed: int = 0
+    wall_s: float = 0.0
+    sandbox_s: float = 0.0
+    policy_s: float = 0.0
+    verify_s: float = 0.0
+    started_at_s: float = 0.0
+    """Unix time the episode started."""
+
+    @property
+    def trainable(self) -> bool:
+        return self.status in TRAINABLE_STATUSES and self.reward is not None
+
+    def history(self) -> History:
+        """The history as the policy saw it after the last step."""
+        history = History(self.instruction)
+        for step in self.steps:
+            history = history.append(step.action, step.observation)
+        return history
+
+    # -- store rows ----------------------------------------------------------------------------
+
+    def to_episode_record(self, *, worker: str | None = None) -> EpisodeRecord:
+        from datetime import UTC, datetime
+
+        from storage.records import EpisodeRecord
+
+        started = datetime.fromtimestamp(self.started_at_s, UTC) if self.started_at_s else None
+        finished = (
+            datetime.fromtimestamp(self.started_at_s + self.wall_s, UTC)
+            if self.started_at_s
+            else None
+        )
+        return EpisodeRecord(
+            episode_id=self.episode_id,
+            run_id=self.key.run_id,
+            iteration=self.key.iteration,
+            task_id=self.task_id,
+            task_version=self.task_version,
+            policy_version=self.policy_version,
+            snapshot_digest=self.snapshot_digest,
+            sandbox_backend=self.sandbox_backend,
+            status=str(self.status),
+            group_index=self.key.group_index,
+            sample_index=self.key.sample_index,
+            attempt=self.key.attempt,
+            reward=self.reward,
+            partial_credit=self.partial_credit,
+            passed=self.passed,
+            flags=self.flags,
+            terminated=self.terminated,
+            truncated=self.truncated,
+            n_steps=len(self.steps),
+            started_at=started,
+            finished_at=finished,
+            wall_s=self.wall_s,
+            sandbox_s=self.sandbox_s,
+            policy_s=self.policy_s,
+            verify_s=self.verify_s,
+            worker=worker,
+            error=self.error,
+        )
+
+    def to_step_records(self) -> list[StepRecord]:
+        from storage.records import StepRecord
+
+        rows = []
+        for step in self.steps:
+            token_ids: tuple[int, ...] | None = None
+            logprobs: tuple[float, ...] | None = None
+            if isinstance(step.record, ChatRecord) and step.record.completion_logprobs:
+                token_ids = step.record.completion_token_ids or None
+                logprobs = step.record.completion_logprobs
+            elif step.logprob is not None:
+                logprobs = (step.logprob,)
+            rows.append(
+                StepRecord(
+                    episode_id=self.episode_id,
+                    step=step.index,
+                    action_kind=step.action.tool,
+                    action_text=action_to_json(step.action),
+                    observation=step.observation.text,
+                    exit_code=step.observation.exit_code,
+                    duration_s=step.duration_s,
+                    token_ids=token_ids,
+                    logprobs=logprobs,
+                )
+            )
+        return rows
