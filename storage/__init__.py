@@ -1,0 +1,52 @@
+"""The trajectory lakehouse: episodes, steps, tasks, gates, metrics and checkpoints as Delta Lake
+tables under one store root, committed exactly once per (run, iteration, shard) and queried by DuckDB.
+
+Stands alone: it imports no other rollyard package.
+"""
+
+from storage.errors import (
+    CheckpointNotFoundError,
+    CommitError,
+    CorruptFileError,
+    QueryError,
+    RecordError,
+    SchemaMismatchError,
+    StoreError,
+    StoreNotFoundError,
+)
+from storage.queries import NAMED_QUERIES, NamedQuery
+from storage.records import EpisodeRecord, StepRecord, episode_id_for
+from storage.schemas import SCHEMA_VERSION, TABLES, TableSpec
+from storage.store import (
+    DEFAULT_ROOT,
+    CheckpointInfo,
+    CommitResult,
+    GateResult,
+    IterationStatus,
+    TrajectoryStore,
+)
+
+__all__ = [
+    "DEFAULT_ROOT",
+    "NAMED_QUERIES",
+    "SCHEMA_VERSION",
+    "TABLES",
+    "CheckpointInfo",
+    "CheckpointNotFoundError",
+    "CommitError",
+    "CommitResult",
+    "CorruptFileError",
+    "EpisodeRecord",
+    "GateResult",
+    "IterationStatus",
+    "NamedQuery",
+    "QueryError",
+    "RecordError",
+    "SchemaMismatchError",
+    "StepRecord",
+    "StoreError",
+    "StoreNotFoundError",
+    "TableSpec",
+    "TrajectoryStore",
+    "episode_id_for",
+]

@@ -1,0 +1,226 @@
+"""Typed records and their conversion into Arrow tables checked against the table schemas.
+
+Callers hand the store whichever form they have: frozen `EpisodeRecord` / `StepRecord` values,
+plain mappings with the schema's field names, an Arrow table, or the path of a Parquet file a worker
+wrote. Everything goes through `conform`, so every write is validated the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeAlias
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from storage.errors import CorruptFileError, RecordError, SchemaMismatchError
+from storage.schemas import TableSpec
+
+# Columns the store fills from the commit key (run_id, iteration, shard) and the commit itself.
+KEY_COLUMNS = ("run_id", "iteration", "shard", "commit_id")
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeRecord:
+    """One trajectory's summary; field meanings are documented on `storage.schemas.EPISODES`.
+
+    The store fills `shard` and `commit_id`; `run_id` and `iteration` must match the commit key.
+    """
+
+    episode_id: str
+    run_id: str
+    iteration: int
+    task_id: str
+    task_version: str
+    policy_version: str
+    snapshot_digest: str
+    sandbox_backend: str
+    status: str
+    group_index: int = 0
+    sample_index: int = 0
+    attempt: int = 0
+    reward: float | None = None
+    partial_credit: float | None = None
+    passed: bool | None = None
+    flags: tuple[str, ...] = ()
+    terminated: bool = False
+    truncated: bool = False
+    n_steps: int = 0
+    queued_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    wall_s: float | None = None
+    sandbox_s: float | None = None
+    policy_s: float | None = None
+    verify_s: float | None = None
+    worker: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One action of an episode and what it observed; the store fills the key columns."""
+
+    episode_id: str
+    step: int
+    action_kind: str
+    action_text: str
+    observation: str | None = None
+    exit_code: int | None = None
+    duration_s: float | None = None
+    token_ids: tuple[int, ...] | None = None
+    logprobs: tuple[float, ...] | None = None
+    # Filled by the store from the observation before it is capped.
+    observation_chars: int | None = field(default=None)
+
+
+def episode_id_for(
+    run_id: str, iteration: int, task_id: str, group_index: int, sample_index: int, attempt: int = 0
+) -> str:
+    """A deterministic episode id, so a replayed rollout gets the same id as the original."""
+    key = "\x1f".join(
+        (run_id, str(iteration), task_id, str(group_index), str(sample_index), str(attempt))
+    )
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+Rows: TypeAlias = Sequence[Mapping[str, Any] | EpisodeRecord | StepRecord]
+TableInput: TypeAlias = pa.Table | pa.RecordBatch | str | os.PathLike[str] | Rows
+
+
+def read_parquet_file(path: str | os.PathLike[str]) -> pa.Table:
+    """Read one Parquet file, turning Arrow's errors into one that names the file."""
+    try:
+        return pq.read_table(path)
+    except FileNotFoundError as error:
+        raise CorruptFileError(f"{os.fspath(path)}: no such Parquet file") from error
+    except (pa.ArrowException, OSError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error)
+        raise CorruptFileError(
+            f"{os.fspath(path)}: not a readable Parquet file ({first_line}); "
+            "rewrite it from its source or remove it"
+        ) from error
+
+
+def _rows_to_table(spec: TableSpec, rows: Rows, source: str) -> pa.Table:
+    names = spec.schema.names
+    known = set(names)
+    dicts: list[Mapping[str, Any]] = []
+    for index, row in enumerate(rows):
+        if dataclasses.is_dataclass(row):
+            mapping: Mapping[str, Any] = {
+                f.name: getattr(row, f.name) for f in dataclasses.fields(row)
+            }
+        elif isinstance(row, Mapping):
+            mapping = row
+        else:
+            raise RecordError(
+                f"{source}: row {index} is a {type(row).__name__}; pass mappings or records"
+            )
+        unknown = mapping.keys() - known
+        if unknown:
+            raise RecordError(
+                f"{source}: row {index} has field(s) {sorted(unknown)} that table "
+                f"{spec.name!r} does not define; known fields: {', '.join(names)}"
+            )
+        dicts.append(mapping)
+    arrays = []
+    for f in spec.schema:
+        values = [d.get(f.name) for d in dicts]
+        try:
+            arrays.append(pa.array(values, type=f.type))
+        except (pa.ArrowException, TypeError, ValueError) as error:
+            raise RecordError(
+                f"{source}: field {f.name!r} of table {spec.name!r} expects {f.type}: {error}"
+            ) from error
+    return pa.Table.from_arrays(arrays, schema=spec.schema.with_metadata(None))
+
+
+def _table_to_schema(spec: TableSpec, table: pa.Table, source: str) -> pa.Table:
+    known = set(spec.schema.names)
+    unknown = [name for name in table.column_names if name not in known]
+    if unknown:
+        raise SchemaMismatchError(
+            f"{source}: column(s) {unknown} are not in table {spec.name!r} "
+            f"(schema v{spec.version}); is this a file from another tool or version?"
+        )
+    arrays = []
+    for f in spec.schema:
+        if f.name not in table.column_names:
+            arrays.append(pa.nulls(table.num_rows, type=f.type))
+            continue
+        column = table.column(f.name)
+        if column.type != f.type:
+            try:
+                column = column.cast(f.type, safe=True)
+            except (pa.ArrowException, TypeError, ValueError) as error:
+                raise SchemaMismatchError(
+                    f"{source}: column {f.name!r} has type {column.type}, table "
+                    f"{spec.name!r} expects {f.type} and the values do not convert ({error})"
+                ) from error
+        arrays.append(column)
+    return pa.Table.from_arrays(arrays, schema=spec.schema)
+
+
+def conform(
+    spec: TableSpec,
+    data: TableInput,
+    *,
+    key: Mapping[str, Any],
+    source: str,
+    overwrite: Mapping[str, Any] | None = None,
+) -> pa.Table:
+    """Return `data` as an Arrow table with exactly `spec.schema`, or raise naming what is wrong.
+
+    `key` gives values for key columns: a column missing from the data is filled with its value,
+    one present must equal it everywhere. `overwrite` gives values that replace a column outright.
+    """
+    if isinstance(data, str | os.PathLike):
+        source = os.fspath(data)
+        table = _table_to_schema(spec, read_parquet_file(Path(data)), source)
+    elif isinstance(data, pa.RecordBatch):
+        table = _table_to_schema(spec, pa.Table.from_batches([data]), source)
+    elif isinstance(data, pa.Table):
+        table = _table_to_schema(spec, data, source)
+    else:
+        table = _rows_to_table(spec, data, source)
+
+    for name, value in key.items():
+        index = table.schema.get_field_index(name)
+        column = table.column(index)
+        expected = pa.scalar(value, type=column.type)
+        if column.null_count == table.num_rows:
+            table = table.set_column(
+                index, spec.schema.field(name), pa.repeat(expected, table.num_rows)
+            )
+            continue
+        mismatch = pc.invert(pc.fill_null(pc.equal(column, expected), False))
+        if table.num_rows and pc.any(mismatch).as_py():
+            first = pc.index(mismatch, True).as_py()
+            raise RecordError(
+                f"{source}: row {first} has {name}={column[first].as_py()!r} but this commit is "
+                f"for {name}={value!r}; commit each (run, iteration, shard) separately"
+            )
+
+    for name, value in (overwrite or {}).items():
+        index = table.schema.get_field_index(name)
+        target = spec.schema.field(name)
+        table = table.set_column(
+            index, target, pa.repeat(pa.scalar(value, type=target.type), table.num_rows)
+        )
+
+    for f in spec.schema:
+        if not f.nullable and table.column(f.name).null_count:
+            first = pc.index(pc.is_null(table.column(f.name)), True).as_py()
+            raise RecordError(
+                f"{source}: row {first} has no value for required field {f.name!r} "
+                f"of table {spec.name!r}"
+            )
+    return table

@@ -1,0 +1,204 @@
+"""The schemas of the store's tables, defined once and versioned.
+
+Each `TableSpec` is the single source of truth for a table: its Arrow schema (field nullability is
+enforced on write), its partition columns and the schema version written into the table's
+description. Bump `SCHEMA_VERSION` whenever a field changes, and say in the changelog how to migrate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+
+# Observations can be megabytes (a `cat` of a log); the store keeps the head and the original length
+# so queries stay fast and the cut is visible.
+OBSERVATION_CAP_CHARS = 8192
+
+# Episode statuses other than "ok" mean the environment, not the model, decided the outcome.
+EPISODE_STATUSES = (
+    "ok",
+    "infra_error",
+    "verifier_error",
+    "task_error",
+    "timeout",
+    "policy_error",
+)
+
+_TS = pa.timestamp("us", tz="UTC")
+
+
+@dataclass(frozen=True, slots=True)
+class TableSpec:
+    """One table of the store: name, Arrow schema, partition columns and schema version."""
+
+    name: str
+    schema: pa.Schema
+    partition_by: tuple[str, ...] = ()
+    version: int = SCHEMA_VERSION
+
+    @property
+    def description(self) -> str:
+        """The Delta table description, which records the schema version for later migrations."""
+        return f"rollyard {self.name} schema v{self.version}"
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        """Names of the fields a record must provide (non-nullable ones)."""
+        return tuple(f.name for f in self.schema if not f.nullable)
+
+
+def _f(name: str, type_: pa.DataType, nullable: bool = True) -> pa.Field:
+    return pa.field(name, type_, nullable=nullable)
+
+
+EPISODES = TableSpec(
+    name="episodes",
+    partition_by=("run_id", "iteration"),
+    schema=pa.schema(
+        [
+            _f("episode_id", pa.string(), False),
+            _f("run_id", pa.string(), False),
+            _f("iteration", pa.int64(), False),
+            _f("shard", pa.int32(), False),
+            # One id per commit attempt; it ties a shard's steps to its episodes (see store.py).
+            _f("commit_id", pa.string(), False),
+            _f("task_id", pa.string(), False),
+            _f("task_version", pa.string(), False),
+            # GRPO groups several samples of one task; group_index says which group, sample_index
+            # which member, attempt how many times the sample was re-run after an infra error.
+            _f("group_index", pa.int32(), False),
+            _f("sample_index", pa.int32(), False),
+            _f("attempt", pa.int32(), False),
+            _f("policy_version", pa.string(), False),
+            _f("snapshot_digest", pa.string(), False),
+            _f("sandbox_backend", pa.string(), False),
+            # Null reward means "no verdict" (infra failure), never a silent 0.
+            _f("reward", pa.float64()),
+            _f("partial_credit", pa.float64()),
+            _f("passed", pa.bool_()),
+            _f("status", pa.string(), False),
+            _f("flags", pa.list_(pa.string()), False),
+            _f("terminated", pa.bool_(), False),
+            _f("truncated", pa.bool_(), False),
+            _f("n_steps", pa.int32(), False),
+            _f("queued_at", _TS),
+            _f("started_at", _TS),
+            _f("finished_at", _TS),
+            _f("wall_s", pa.float64()),
+            _f("sandbox_s", pa.float64()),
+            _f("policy_s", pa.float64()),
+            _f("verify_s", pa.float64()),
+            _f("worker", pa.string()),
+            _f("error", pa.string()),
+        ]
+    ),
+)
+
+STEPS = TableSpec(
+    name="steps",
+    partition_by=("run_id", "iteration"),
+    schema=pa.schema(
+        [
+            _f("episode_id", pa.string(), False),
+            _f("run_id", pa.string(), False),
+            _f("iteration", pa.int64(), False),
+            _f("shard", pa.int32(), False),
+            # One id per commit attempt; it ties a shard's steps to its episodes (see store.py).
+            _f("commit_id", pa.string(), False),
+            _f("step", pa.int32(), False),
+            _f("action_kind", pa.string(), False),
+            _f("action_text", pa.string(), False),
+            _f("observation", pa.string()),
+            # Length of the observation before the cap; larger than len(observation) when cut.
+            _f("observation_chars", pa.int64()),
+            _f("exit_code", pa.int32()),
+            _f("duration_s", pa.float64()),
+            _f("token_ids", pa.list_(pa.int32())),
+            _f("logprobs", pa.list_(pa.float32())),
+        ]
+    ),
+)
+
+TASKS = TableSpec(
+    name="tasks",
+    schema=pa.schema(
+        [
+            _f("task_id", pa.string(), False),
+            _f("task_version", pa.string(), False),
+            _f("family", pa.string()),
+            _f("source", pa.string()),
+            _f("difficulty", pa.string()),
+            # Curation verdict: "accepted", "rejected", "quarantined", ...
+            _f("status", pa.string(), False),
+            _f("reason", pa.string()),
+            _f("verifier_digest", pa.string()),
+            _f("n_fail_to_pass", pa.int32()),
+            _f("n_pass_to_pass", pa.int32()),
+            _f("solution_passes", pa.bool_()),
+            _f("batch_id", pa.string(), False),
+            _f("recorded_at", _TS, False),
+        ]
+    ),
+)
+
+GATES = TableSpec(
+    name="gates",
+    schema=pa.schema(
+        [
+            _f("run_id", pa.string(), False),
+            _f("iteration", pa.int64(), False),
+            _f("suite", pa.string(), False),
+            # "expectation" rows hold one expectation's result; the one "verdict" row per evaluation
+            # holds the decision (quarantined or not) that the trainer obeys.
+            _f("kind", pa.string(), False),
+            _f("expectation", pa.string(), False),
+            _f("success", pa.bool_(), False),
+            _f("observed", pa.string()),
+            _f("details", pa.string()),
+            _f("quarantined", pa.bool_(), False),
+            _f("reason", pa.string()),
+            _f("evaluation", pa.int64(), False),
+            _f("evaluated_at", _TS, False),
+        ]
+    ),
+)
+
+METRICS = TableSpec(
+    name="metrics",
+    schema=pa.schema(
+        [
+            _f("run_id", pa.string(), False),
+            _f("iteration", pa.int64(), False),
+            _f("source", pa.string(), False),
+            _f("name", pa.string(), False),
+            _f("value", pa.float64()),
+            _f("recorded_at", _TS, False),
+        ]
+    ),
+)
+
+CHECKPOINTS = TableSpec(
+    name="checkpoints",
+    schema=pa.schema(
+        [
+            _f("run_id", pa.string(), False),
+            _f("policy_version", pa.string(), False),
+            _f("parent_policy_version", pa.string()),
+            _f("iteration", pa.int64(), False),
+            _f("trained_on_iterations", pa.list_(pa.int64()), False),
+            _f("n_episodes", pa.int64(), False),
+            _f("blob_path", pa.string(), False),
+            _f("sha256", pa.string(), False),
+            _f("size_bytes", pa.int64(), False),
+            _f("metadata", pa.string()),
+            _f("created_at", _TS, False),
+        ]
+    ),
+)
+
+TABLES: dict[str, TableSpec] = {
+    spec.name: spec for spec in (EPISODES, STEPS, TASKS, GATES, METRICS, CHECKPOINTS)
+}

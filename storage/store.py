@@ -1,0 +1,869 @@
+"""The trajectory lakehouse: Delta Lake tables under one store root, queried by DuckDB.
+
+Why Delta Lake (through `deltalake`): it gives atomic appends (a commit is one log file created
+with put-if-absent, so a killed writer leaves only unreferenced Parquet files that no reader sees),
+optimistic concurrency with automatic retry for concurrent appends, application transaction ids
+(`txn` actions) that make a replayed commit detectable inside the same atomic step, and object
+storage through the same code path. A home-made manifest would have to re-implement all four.
+
+How a shard commit stays atomic across two tables. Delta commits one table at a time, so a shard is
+committed in two steps: first its steps (tagged with a fresh `commit_id`), then its episodes, with
+the shard's application transaction id in the same commit. The episodes commit is the commit point:
+
+- replay: if the episodes table already holds the shard's transaction id, nothing is written;
+- killed writer: steps whose (run_id, iteration, shard, commit_id) match no committed episodes are
+  orphans, and every read of `steps` leaves their files out (decided from the Delta log's file
+  statistics, without scanning data);
+- two writers of the same shard: the second episodes commit fails Delta's conflict check on the
+  transaction id, so exactly one wins, and the loser's steps are orphans.
+
+Reads take one snapshot of every table when a reader is made (`connect`, `read_*`), so a query never
+mixes versions. DuckDB scans the tables as Arrow datasets (its delta extension needs a download).
+Object storage: pass an `s3://`, `gs://` or `az://` root and `storage_options`; concurrent writers
+on S3 need a locking provider configured in those options (see the deltalake docs).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError
+
+from storage.errors import (
+    CheckpointNotFoundError,
+    CommitError,
+    CorruptFileError,
+    QueryError,
+    RecordError,
+    SchemaMismatchError,
+    StoreNotFoundError,
+)
+from storage.queries import DERIVED_VIEWS, NAMED_QUERIES
+from storage.records import TableInput, conform
+from storage.schemas import (
+    CHECKPOINTS,
+    EPISODES,
+    GATES,
+    METRICS,
+    OBSERVATION_CAP_CHARS,
+    STEPS,
+    TABLES,
+    TASKS,
+    TableSpec,
+)
+
+if TYPE_CHECKING:
+    import duckdb
+
+DEFAULT_ROOT = ".rollyard"
+# Delta retries a commit that lost a race to a non-conflicting one; many parallel shard writers
+# need more than the library default.
+MAX_COMMIT_RETRIES = 100
+_CHECKPOINT_BLOBS = "checkpoint_blobs"
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    """What `commit_iteration_shard` did: `committed` is False when the shard was already there."""
+
+    run_id: str
+    iteration: int
+    shard: int
+    committed: bool
+    commit_id: str | None
+    n_episodes: int
+    n_steps: int
+
+
+@dataclass(frozen=True, slots=True)
+class GateResult:
+    """One expectation's outcome in a quality-gate evaluation."""
+
+    expectation: str
+    success: bool
+    observed: str | None = None
+    details: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IterationStatus:
+    """Whether an iteration's data may be trained on, and why not."""
+
+    run_id: str
+    iteration: int
+    quarantined: bool
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointInfo:
+    """The metadata row of a stored checkpoint."""
+
+    run_id: str
+    policy_version: str
+    parent_policy_version: str | None
+    iteration: int
+    trained_on_iterations: tuple[int, ...]
+    n_episodes: int
+    blob_path: str
+    sha256: str
+    size_bytes: int
+    metadata: Mapping[str, Any]
+    created_at: datetime
+
+
+def _app_id(*parts: object) -> str:
+    # JSON keeps the parts unambiguous whatever characters a run id holds.
+    return "rollyard:" + json.dumps([str(part) for part in parts], separators=(",", ":"))
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+class TrajectoryStore:
+    """A store root holding the tables episodes, steps, tasks, gates, metrics and checkpoints.
+
+    `root` is a local directory (created on first write unless `create=False`) or an object-storage
+    URI. Instances hold no open handles, so they are cheap to make in each worker and pickle.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str] = DEFAULT_ROOT,
+        *,
+        storage_options: Mapping[str, str] | None = None,
+        create: bool = True,
+    ) -> None:
+        text = os.fspath(root)
+        self._remote = "://" in text and not text.startswith("file://")
+        self._storage_options = dict(storage_options or {})
+        if self._remote:
+            self.root = text.rstrip("/")
+        else:
+            path = Path(text.removeprefix("file://")).absolute()
+            if not path.exists():
+                if not create:
+                    raise StoreNotFoundError(
+                        f"{path}: no store here; pass the directory that holds the tables "
+                        "(episodes/, steps/, ...) or write to it first"
+                    )
+                path.mkdir(parents=True, exist_ok=True)
+            elif not path.is_dir():
+                raise StoreNotFoundError(f"{path}: is a file, not a store directory")
+            self.root = str(path)
+        self._checked: set[str] = set()
+
+    def __repr__(self) -> str:
+        return f"TrajectoryStore({self.root!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_store, (self.root, self._storage_options))
+
+    # ---- tables -------------------------------------------------------------------------------
+
+    def table_uri(self, name: str) -> str:
+        """Where table `name` lives (a local path or a URI)."""
+        return f"{self.root}/{name}"
+
+    def _open(self, spec: TableSpec, *, create: bool) -> DeltaTable | None:
+        uri = self.table_uri(spec.name)
+        options = self._storage_options or None
+        if not DeltaTable.is_deltatable(uri, storage_options=options):
+            if not self._remote and Path(uri).is_dir() and any(Path(uri).iterdir()):
+                raise SchemaMismatchError(
+                    f"{uri}: holds files but no Delta log (_delta_log/), so it is not a rollyard "
+                    "table; move it out of the store root"
+                )
+            if not create:
+                return None
+            try:
+                DeltaTable.create(
+                    uri,
+                    schema=spec.schema,
+                    partition_by=list(spec.partition_by) or None,
+                    mode="ignore",
+                    name=spec.name,
+                    description=spec.description,
+                    storage_options=options,
+                )
+            except Exception:
+                # Another writer may have created it in between; only that case is fine.
+                if not DeltaTable.is_deltatable(uri, storage_options=options):
+                    raise
+        table = DeltaTable(uri, storage_options=options)
+        if spec.name not in self._checked:
+            self._check_schema(spec, table, uri)
+            self._checked.add(spec.name)
+        return table
+
+    def _check_schema(self, spec: TableSpec, table: DeltaTable, uri: str) -> None:
+        actual = pa.schema(table.schema().to_arrow())
+        for expected in spec.schema:
+            index = actual.get_field_index(expected.name)
+            if index < 0:
+                raise SchemaMismatchError(
+                    f"{uri}: field {expected.name!r} is missing; rollyard schema "
+                    f"v{spec.version} of {spec.name!r} defines it as {expected.type}"
+                )
+            found = actual.field(index)
+            if found.type != expected.type:
+                raise SchemaMismatchError(
+                    f"{uri}: field {expected.name!r} is {found.type} in the table but rollyard "
+                    f"schema v{spec.version} of {spec.name!r} defines {expected.type}; the table "
+                    "was written by another version or tool"
+                )
+        extra = [name for name in actual.names if spec.schema.get_field_index(name) < 0]
+        if extra:
+            raise SchemaMismatchError(
+                f"{uri}: field(s) {extra} are not in rollyard schema v{spec.version} of "
+                f"{spec.name!r}; the table was written by another version or tool"
+            )
+
+    def _filesystem(self, uri: str) -> pafs.FileSystem:
+        # pyarrow's own filesystems: reading through deltalake's Python filesystem handler aborts
+        # the interpreter at exit ("terminate called without an active exception").
+        if self._remote:
+            base, path = pafs.FileSystem.from_uri(uri)
+            return pafs.SubTreeFileSystem(path, base)
+        return pafs.SubTreeFileSystem(uri, pafs.LocalFileSystem())
+
+    def _write(
+        self,
+        table_or_uri: DeltaTable | str,
+        data: pa.Table,
+        *,
+        app_id: str | None = None,
+        app_version: int = 1,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        write_deltalake(
+            table_or_uri,
+            data,
+            mode="append",
+            storage_options=self._storage_options or None,
+            commit_properties=CommitProperties(
+                custom_metadata=dict(metadata or {}),
+                max_commit_retries=MAX_COMMIT_RETRIES,
+                app_transactions=[Transaction(app_id, app_version)] if app_id else None,
+            ),
+        )
+
+    def _append_once(
+        self, spec: TableSpec, data: pa.Table, *, app_id: str, app_version: int = 1
+    ) -> bool:
+        """Append `data` unless the table already holds `app_id` at `app_version` or later."""
+        table = self._open(spec, create=True)
+        assert table is not None
+        done = table.transaction_version(app_id)
+        if done is not None and done >= app_version:
+            return False
+        try:
+            # Writing through the handle read above makes a concurrent commit of the same app id
+            # a conflict instead of a second copy.
+            self._write(table, data, app_id=app_id, app_version=app_version)
+        except CommitFailedError as error:
+            fresh = self._open(spec, create=False)
+            done = fresh.transaction_version(app_id) if fresh is not None else None
+            if done is not None and done >= app_version:
+                return False
+            raise CommitError(
+                f"{self.table_uri(spec.name)}: commit of {app_id} failed: {_first_line(error)}"
+            ) from error
+        return True
+
+    # ---- episodes and steps ---------------------------------------------------------------------
+
+    def commit_iteration_shard(
+        self,
+        run_id: str,
+        iteration: int,
+        shard: int,
+        *,
+        episodes: TableInput,
+        steps: TableInput = (),
+    ) -> CommitResult:
+        """Commit one shard of an iteration's rollouts, exactly once.
+
+        `episodes` and `steps` are records, mappings, Arrow tables or Parquet file paths. Calling
+        this again for the same (run_id, iteration, shard) writes nothing and returns
+        `committed=False`, whatever the data.
+        """
+        source = f"shard (run_id={run_id!r}, iteration={iteration}, shard={shard})"
+        commit_id = uuid.uuid4().hex[:20]
+        key = {"run_id": run_id, "iteration": iteration, "shard": shard}
+        overwrite = {"commit_id": commit_id}
+        episode_table = conform(
+            EPISODES, episodes, key=key, overwrite=overwrite, source=f"episodes of {source}"
+        )
+        step_table = conform(
+            STEPS, steps, key=key, overwrite=overwrite, source=f"steps of {source}"
+        )
+        _check_shard(episode_table, step_table, source)
+        step_table = _cap_observations(step_table)
+
+        app_id = _app_id("shard", run_id, iteration, shard)
+        result = CommitResult(
+            run_id, iteration, shard, False, None, episode_table.num_rows, step_table.num_rows
+        )
+        episodes_table = self._open(EPISODES, create=True)
+        assert episodes_table is not None
+        if episodes_table.transaction_version(app_id) is not None:
+            return result
+        metadata = {"rollyard.shard": app_id, "rollyard.commit_id": commit_id}
+        if step_table.num_rows:
+            steps_table = self._open(STEPS, create=True)
+            assert steps_table is not None
+            self._write(steps_table, step_table, metadata=metadata)
+        try:
+            self._write(episodes_table, episode_table, app_id=app_id, metadata=metadata)
+        except CommitFailedError as error:
+            fresh = self._open(EPISODES, create=False)
+            if fresh is not None and fresh.transaction_version(app_id) is not None:
+                return result  # another writer committed this shard first
+            raise CommitError(
+                f"{self.table_uri('episodes')}: commit of {source} failed: {_first_line(error)}; "
+                "retry the commit, it is safe to replay"
+            ) from error
+        return CommitResult(
+            run_id, iteration, shard, True, commit_id, episode_table.num_rows, step_table.num_rows
+        )
+
+    def is_committed(self, run_id: str, iteration: int, shard: int) -> bool:
+        """Whether (run_id, iteration, shard) has been committed."""
+        table = self._open(EPISODES, create=False)
+        if table is None:
+            return False
+        return table.transaction_version(_app_id("shard", run_id, iteration, shard)) is not None
+
+    def committed_shards(self, run_id: str, iteration: int) -> list[int]:
+        """The shards of an iteration that are committed (read from the log, no data scan)."""
+        table = self._open(EPISODES, create=False)
+        if table is None:
+            return []
+        actions = pa.table(table.get_add_actions(flatten=True))
+        if actions.num_rows == 0:
+            return []
+        mask = pc.and_(
+            pc.equal(actions["partition.run_id"], run_id),
+            pc.equal(actions["partition.iteration"].cast(pa.int64()), iteration),
+        )
+        return sorted(set(actions.filter(mask)["min.shard"].to_pylist()))
+
+    def read_episodes(
+        self,
+        run_id: str | None = None,
+        iteration: int | None = None,
+        *,
+        include_quarantined: bool = False,
+        columns: Sequence[str] | None = None,
+    ) -> pa.Table:
+        """Committed episodes, by default only of iterations no quality gate quarantined.
+
+        This is what the trainer consumes: `read_episodes(run_id, iteration)`.
+        """
+        dataset = self._datasets(("episodes",))["episodes"]
+        condition = _key_filter(run_id, iteration)
+        if not include_quarantined:
+            for q_run, q_iteration in self.quarantined_iterations(run_id):
+                excluded = (pads.field("run_id") == q_run) & (
+                    pads.field("iteration") == q_iteration
+                )
+                condition = ~excluded if condition is None else condition & ~excluded
+        return self._scan(dataset, "episodes", condition, columns)
+
+    def read_steps(
+        self,
+        run_id: str | None = None,
+        iteration: int | None = None,
+        *,
+        episode_ids: Sequence[str] | None = None,
+        columns: Sequence[str] | None = None,
+    ) -> pa.Table:
+        """Committed steps, optionally of some episodes, ordered by (episode_id, step)."""
+        dataset = self._datasets(("steps",))["steps"]
+        condition = _key_filter(run_id, iteration)
+        if episode_ids is not None:
+            chosen = pads.field("episode_id").isin(pa.array(list(episode_ids), pa.string()))
+            condition = chosen if condition is None else condition & chosen
+        table = self._scan(dataset, "steps", condition, columns)
+        if {"episode_id", "step"} <= set(table.column_names):
+            table = table.sort_by([("episode_id", "ascending"), ("step", "ascending")])
+        return table
+
+    def _scan(
+        self,
+        dataset: pads.Dataset,
+        name: str,
+        condition: pads.Expression | None,
+        columns: Sequence[str] | None,
+    ) -> pa.Table:
+        try:
+            return dataset.to_table(
+                columns=list(columns) if columns is not None else None, filter=condition
+            )
+        except (pa.ArrowException, OSError) as error:
+            self._raise_if_corrupt((name,))
+            raise QueryError(f"reading {self.table_uri(name)}: {_first_line(error)}") from error
+
+    # ---- quality gates --------------------------------------------------------------------------
+
+    def record_gates(
+        self,
+        run_id: str,
+        iteration: int,
+        suite: str,
+        results: Sequence[GateResult],
+        *,
+        quarantined: bool,
+        reason: str | None = None,
+        evaluation: int = 0,
+    ) -> bool:
+        """Record one evaluation of a gate suite and its verdict for an iteration.
+
+        A quarantined iteration keeps its data; `read_episodes` and the `training_episodes` view
+        leave it out. The latest `evaluation` of each suite decides, so lifting a quarantine is
+        recording a later evaluation with `quarantined=False`. Replays of the same evaluation
+        write nothing (returns False).
+        """
+        evaluated_at = _now()
+        rows: list[dict[str, Any]] = [
+            {
+                "kind": "expectation",
+                "expectation": r.expectation,
+                "success": r.success,
+                "observed": r.observed,
+                "details": r.details,
+            }
+            for r in results
+        ]
+        rows.append(
+            {"kind": "verdict", "expectation": suite, "success": not quarantined, "reason": reason}
+        )
+        for row in rows:
+            row.update(
+                run_id=run_id,
+                iteration=iteration,
+                suite=suite,
+                quarantined=quarantined,
+                evaluation=evaluation,
+                evaluated_at=evaluated_at,
+            )
+        source = f"gates of (run_id={run_id!r}, iteration={iteration}, suite={suite!r})"
+        data = conform(GATES, rows, key={}, source=source)
+        return self._append_once(
+            GATES,
+            data,
+            app_id=_app_id("gates", run_id, iteration, suite),
+            app_version=evaluation + 1,
+        )
+
+    def mark_quarantined(
+        self,
+        run_id: str,
+        iteration: int,
+        *,
+        reason: str,
+        quarantined: bool = True,
+        suite: str = "manual",
+        evaluation: int = 0,
+    ) -> bool:
+        """Quarantine (or, with `quarantined=False`, release) an iteration by hand."""
+        return self.record_gates(
+            run_id,
+            iteration,
+            suite,
+            (),
+            quarantined=quarantined,
+            reason=reason,
+            evaluation=evaluation,
+        )
+
+    def quarantined_iterations(self, run_id: str | None = None) -> list[tuple[str, int]]:
+        """(run_id, iteration) pairs whose latest verdict of some suite is quarantined."""
+        sql = "SELECT DISTINCT run_id, iteration FROM gate_verdicts WHERE quarantined"
+        with self._connection(("gates",)) as con:
+            rows = con.sql(sql).fetchall()
+        return sorted((str(r), int(i)) for r, i in rows if run_id is None or r == run_id)
+
+    def iteration_status(self, run_id: str, iteration: int) -> IterationStatus:
+        """Whether the trainer may consume an iteration, and the reasons if not."""
+        sql = """SELECT suite, reason FROM gate_verdicts
+                 WHERE quarantined AND run_id = ? AND iteration = ? ORDER BY suite"""
+        with self._connection(("gates",)) as con:
+            rows = con.execute(sql, [run_id, iteration]).fetchall()
+        reasons = tuple(f"{suite}: {reason or 'no reason given'}" for suite, reason in rows)
+        return IterationStatus(run_id, iteration, bool(rows), reasons)
+
+    # ---- metrics and tasks ----------------------------------------------------------------------
+
+    def record_metrics(
+        self,
+        run_id: str,
+        iteration: int,
+        values: Mapping[str, float | None],
+        *,
+        source: str = "trainer",
+    ) -> bool:
+        """Append one iteration's metrics from one source, once (a replay writes nothing)."""
+        recorded_at = _now()
+        rows = [
+            {
+                "run_id": run_id,
+                "iteration": iteration,
+                "source": source,
+                "name": name,
+                "value": None if value is None else float(value),
+                "recorded_at": recorded_at,
+            }
+            for name, value in values.items()
+        ]
+        data = conform(METRICS, rows, key={}, source=f"metrics of run {run_id!r}")
+        return self._append_once(
+            METRICS, data, app_id=_app_id("metrics", run_id, iteration, source)
+        )
+
+    def record_tasks(self, tasks: TableInput, *, batch_id: str) -> bool:
+        """Append task catalog / curation rows as one batch, once per `batch_id`.
+
+        The latest row per (task_id, task_version) is what the `tasks_latest` view shows.
+        """
+        data = conform(
+            TASKS,
+            tasks,
+            key={},
+            source=f"tasks batch {batch_id!r}",
+            overwrite={"batch_id": batch_id, "recorded_at": _now()},
+        )
+        return self._append_once(TASKS, data, app_id=_app_id("tasks", batch_id))
+
+    # ---- checkpoints ----------------------------------------------------------------------------
+
+    def save_checkpoint(
+        self,
+        run_id: str,
+        policy_version: str,
+        state_dict: Mapping[str, Any],
+        *,
+        iteration: int,
+        trained_on_iterations: Sequence[int] = (),
+        n_episodes: int = 0,
+        parent_policy_version: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> CheckpointInfo:
+        """Store a torch state dict for (run_id, policy_version), once; returns its metadata.
+
+        The weights go to a content-addressed blob, so a replay or a crash before the metadata
+        commit leaves at most an unreferenced blob. Saving a version that exists returns the
+        existing record unchanged.
+        """
+        import torch  # torch is heavy; only checkpoint users pay for it
+
+        existing = self._find_checkpoint(run_id, policy_version)
+        if existing is not None:
+            return existing
+        buffer = io.BytesIO()
+        torch.save(dict(state_dict), buffer)
+        payload = buffer.getvalue()
+        import hashlib
+
+        digest = hashlib.sha256(payload).hexdigest()
+        blob_path = f"{_CHECKPOINT_BLOBS}/{digest[:2]}/{digest}.pt"
+        self._put_blob(blob_path, payload)
+        row = {
+            "run_id": run_id,
+            "policy_version": policy_version,
+            "parent_policy_version": parent_policy_version,
+            "iteration": iteration,
+            "trained_on_iterations": list(trained_on_iterations),
+            "n_episodes": n_episodes,
+            "blob_path": blob_path,
+            "sha256": digest,
+            "size_bytes": len(payload),
+            "metadata": json.dumps(dict(metadata or {}), sort_keys=True),
+            "created_at": _now(),
+        }
+        data = conform(CHECKPOINTS, [row], key={}, source=f"checkpoint {run_id}/{policy_version}")
+        self._append_once(CHECKPOINTS, data, app_id=_app_id("checkpoint", run_id, policy_version))
+        found = self._find_checkpoint(run_id, policy_version)
+        assert found is not None
+        return found
+
+    def load_checkpoint(
+        self, run_id: str, policy_version: str, *, map_location: str = "cpu"
+    ) -> tuple[dict[str, Any], CheckpointInfo]:
+        """Load the state dict stored for (run_id, policy_version), checking its digest."""
+        import hashlib
+
+        import torch
+
+        info = self._find_checkpoint(run_id, policy_version)
+        if info is None:
+            known = ", ".join(c.policy_version for c in self.list_checkpoints(run_id)) or "none"
+            raise CheckpointNotFoundError(
+                f"no checkpoint for run {run_id!r} policy version {policy_version!r} in "
+                f"{self.root}; versions stored for this run: {known}"
+            )
+        payload = self._get_blob(info.blob_path)
+        if hashlib.sha256(payload).hexdigest() != info.sha256:
+            raise CorruptFileError(
+                f"{self.root}/{info.blob_path}: checkpoint bytes do not match their recorded "
+                f"sha256 {info.sha256}; restore the file or save the checkpoint again"
+            )
+        state = torch.load(io.BytesIO(payload), map_location=map_location, weights_only=True)
+        return dict(state), info
+
+    def list_checkpoints(self, run_id: str | None = None) -> list[CheckpointInfo]:
+        """Checkpoints recorded in the store, oldest first."""
+        dataset = self._datasets(("checkpoints",))["checkpoints"]
+        condition = None if run_id is None else pads.field("run_id") == run_id
+        rows = self._scan(dataset, "checkpoints", condition, None).to_pylist()
+        rows.sort(key=lambda row: (row["created_at"], row["policy_version"]))
+        return [_checkpoint_info(row) for row in rows]
+
+    def _find_checkpoint(self, run_id: str, policy_version: str) -> CheckpointInfo | None:
+        matches = [c for c in self.list_checkpoints(run_id) if c.policy_version == policy_version]
+        return matches[0] if matches else None
+
+    def _put_blob(self, relative: str, payload: bytes) -> None:
+        if self._remote:
+            filesystem, base = pafs.FileSystem.from_uri(self.root)
+            # Object stores make a put atomic: no partial blob is ever visible.
+            with filesystem.open_output_stream(f"{base}/{relative}") as stream:
+                stream.write(payload)
+            return
+        target = Path(self.root, relative)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+        temporary.write_bytes(payload)
+        os.replace(temporary, target)
+
+    def _get_blob(self, relative: str) -> bytes:
+        try:
+            if self._remote:
+                filesystem, base = pafs.FileSystem.from_uri(self.root)
+                with filesystem.open_input_stream(f"{base}/{relative}") as stream:
+                    return bytes(stream.read())
+            return Path(self.root, relative).read_bytes()
+        except (OSError, pa.ArrowException) as error:
+            raise CorruptFileError(
+                f"{self.root}/{relative}: checkpoint file unreadable ({_first_line(error)})"
+            ) from error
+
+    # ---- queries --------------------------------------------------------------------------------
+
+    def _datasets(self, names: Sequence[str] = tuple(TABLES)) -> dict[str, pads.Dataset]:
+        """One snapshot of each named table as an Arrow dataset (empty if the table is absent)."""
+        tables = {name: self._open(TABLES[name], create=False) for name in names}
+        hidden: set[str] = set()
+        if "steps" in names and tables["steps"] is not None:
+            episodes = tables.get("episodes") or self._open(EPISODES, create=False)
+            hidden = _orphan_step_files(tables["steps"], episodes)
+        datasets: dict[str, pads.Dataset] = {}
+        for name, table in tables.items():
+            spec = TABLES[name]
+            if table is None:
+                datasets[name] = pads.dataset(spec.schema.empty_table())
+                continue
+            dataset = table.to_pyarrow_dataset(filesystem=self._filesystem(self.table_uri(name)))
+            if name == "steps" and hidden:
+                assert isinstance(dataset, pads.FileSystemDataset)
+                fragments = [f for f in dataset.get_fragments() if f.path not in hidden]
+                dataset = pads.FileSystemDataset(
+                    fragments, dataset.schema, dataset.format, dataset.filesystem
+                )
+            datasets[name] = dataset
+        return datasets
+
+    def connect(self) -> duckdb.DuckDBPyConnection:
+        """A new in-memory DuckDB connection with a view per table and the derived views.
+
+        The views show one snapshot, taken now, of committed data only. Close the connection when
+        done (it is a context manager).
+        """
+        import duckdb
+
+        datasets = self._datasets()
+        con = duckdb.connect()
+        for name, dataset in datasets.items():
+            con.register(name, dataset)
+        for name, sql in DERIVED_VIEWS.items():
+            con.execute(f"CREATE VIEW {name} AS {sql}")
+        return con
+
+    @contextmanager
+    def _connection(self, names: Sequence[str]) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A connection with only `names` registered (plus derived views that need only those)."""
+        import duckdb
+
+        con = duckdb.connect()
+        try:
+            for name, dataset in self._datasets(names).items():
+                con.register(name, dataset)
+            if "gates" in names:
+                con.execute(f"CREATE VIEW gate_verdicts AS {DERIVED_VIEWS['gate_verdicts']}")
+            yield con
+        finally:
+            con.close()
+
+    def query(self, sql: str, parameters: Sequence[Any] | None = None) -> pa.Table:
+        """Run SQL over the store's views; returns an Arrow table (empty for statements)."""
+        import duckdb
+
+        con = self.connect()
+        try:
+            relation = con.sql(sql, params=list(parameters) if parameters else None)
+            return relation.to_arrow_table() if relation is not None else pa.table({})
+        except (duckdb.ParserException, duckdb.CatalogException, duckdb.BinderException) as error:
+            raise QueryError(f"SQL error: {_first_line(error)}") from error
+        except duckdb.Error as error:
+            self._raise_if_corrupt(tuple(TABLES))
+            raise QueryError(f"query failed: {_first_line(error)}") from error
+        finally:
+            con.close()
+
+    def named(self, name: str) -> pa.Table:
+        """Run one of `storage.queries.NAMED_QUERIES` by name."""
+        query = NAMED_QUERIES.get(name)
+        if query is None:
+            raise QueryError(f"no named query {name!r}; known: {', '.join(sorted(NAMED_QUERIES))}")
+        return self.query(query.sql)
+
+    def _raise_if_corrupt(self, names: Sequence[str]) -> None:
+        """After a failed read, find an unreadable data file and raise naming it."""
+        for name in names:
+            table = self._open(TABLES[name], create=False)
+            if table is None:
+                continue
+            filesystem = self._filesystem(self.table_uri(name))
+            for relative in table.file_uris():
+                path = relative.removeprefix(self.table_uri(name) + "/")
+                if self._remote or os.path.isabs(relative):
+                    path = relative.split(f"/{name}/", 1)[-1]
+                try:
+                    with filesystem.open_input_file(path) as handle:
+                        pq.ParquetFile(handle).metadata  # noqa: B018 - reading it is the check
+                except (pa.ArrowException, OSError) as error:
+                    raise CorruptFileError(
+                        f"{self.table_uri(name)}/{path}: unreadable Parquet file in table "
+                        f"{name!r} ({_first_line(error)}); restore it from a backup or remove "
+                        "the commit that added it"
+                    ) from error
+
+
+def _rebuild_store(root: str, storage_options: Mapping[str, str]) -> TrajectoryStore:
+    return TrajectoryStore(root, storage_options=storage_options)
+
+
+def _key_filter(run_id: str | None, iteration: int | None) -> pads.Expression | None:
+    condition: pads.Expression | None = None
+    if run_id is not None:
+        condition = pads.field("run_id") == run_id
+    if iteration is not None:
+        by_iteration = pads.field("iteration") == iteration
+        condition = by_iteration if condition is None else condition & by_iteration
+    return condition
+
+
+def _check_shard(episodes: pa.Table, steps: pa.Table, source: str) -> None:
+    if episodes.num_rows == 0:
+        raise RecordError(f"{source}: no episodes; a shard commit needs at least one episode")
+    ids = episodes["episode_id"]
+    if pc.count_distinct(ids).as_py() != episodes.num_rows:
+        counts = pc.value_counts(ids)
+        duplicate = next(c["values"] for c in counts.to_pylist() if c["counts"] > 1)
+        raise RecordError(f"{source}: episode_id {duplicate!r} appears more than once")
+    if steps.num_rows:
+        known = pc.is_in(steps["episode_id"], value_set=ids.combine_chunks())
+        if not pc.all(known).as_py():
+            first = pc.index(known, False).as_py()
+            raise RecordError(
+                f"{source}: step row {first} belongs to episode "
+                f"{steps['episode_id'][first].as_py()!r}, which is not among this shard's episodes"
+            )
+        pairs = steps.group_by(["episode_id", "step"]).aggregate([])
+        if pairs.num_rows != steps.num_rows:
+            raise RecordError(f"{source}: some (episode_id, step) pair appears more than once")
+
+
+def _cap_observations(steps: pa.Table) -> pa.Table:
+    observation = steps["observation"]
+    lengths = pc.utf8_length(observation).cast(pa.int64())
+    index = steps.schema.get_field_index("observation_chars")
+    steps = steps.set_column(
+        index, steps.schema.field(index), pc.coalesce(steps["observation_chars"], lengths)
+    )
+    longest = pc.max(lengths).as_py()
+    if longest is not None and longest > OBSERVATION_CAP_CHARS:
+        capped = pc.utf8_slice_codeunits(observation, 0, OBSERVATION_CAP_CHARS)
+        position = steps.schema.get_field_index("observation")
+        steps = steps.set_column(position, steps.schema.field(position), capped)
+    return steps
+
+
+def _orphan_step_files(steps: DeltaTable, episodes: DeltaTable | None) -> set[str]:
+    """Paths of steps files whose shard commit never reached the episodes table."""
+    step_actions = pa.table(steps.get_add_actions(flatten=True))
+    if step_actions.num_rows == 0 or "min.commit_id" not in step_actions.column_names:
+        return set()
+    committed: set[tuple[Any, ...]] = set()
+    if episodes is not None:
+        episode_actions = pa.table(episodes.get_add_actions(flatten=True))
+        if episode_actions.num_rows and "min.commit_id" in episode_actions.column_names:
+            committed = set(
+                zip(
+                    episode_actions["partition.run_id"].to_pylist(),
+                    episode_actions["partition.iteration"].to_pylist(),
+                    episode_actions["min.commit_id"].to_pylist(),
+                    strict=True,
+                )
+            )
+    hidden: set[str] = set()
+    for path, run_id, iteration, low, high in zip(
+        step_actions["path"].to_pylist(),
+        step_actions["partition.run_id"].to_pylist(),
+        step_actions["partition.iteration"].to_pylist(),
+        step_actions["min.commit_id"].to_pylist(),
+        step_actions["max.commit_id"].to_pylist(),
+        strict=True,
+    ):
+        # A file mixing commits (rewritten by compaction) only ever holds committed rows.
+        if low == high and (run_id, iteration, low) not in committed:
+            hidden.add(path)
+    return hidden
+
+
+def _checkpoint_info(row: Mapping[str, Any]) -> CheckpointInfo:
+    return CheckpointInfo(
+        run_id=row["run_id"],
+        policy_version=row["policy_version"],
+        parent_policy_version=row["parent_policy_version"],
+        iteration=row["iteration"],
+        trained_on_iterations=tuple(row["trained_on_iterations"]),
+        n_episodes=row["n_episodes"],
+        blob_path=row["blob_path"],
+        sha256=row["sha256"],
+        size_bytes=row["size_bytes"],
+        metadata=json.loads(row["metadata"] or "{}"),
+        created_at=row["created_at"],
+    )
