@@ -12,6 +12,7 @@ from collections.abc import Sequence
 # One line per command module; each adds its sub-commands to the parser.
 COMMAND_MODULES = (
     "flows.commands.sandbox",
+    "flows.commands.query",
 )
 
 EXIT_USAGE = 2
