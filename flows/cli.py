@@ -8,10 +8,12 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 # One line per command module; each adds its sub-commands to the parser.
 COMMAND_MODULES = (
     "flows.commands.sandbox",
+    "flows.commands.demo",
     "flows.commands.query",
 )
 
@@ -27,8 +29,15 @@ class CliError(Exception):
         self.exit_code = exit_code
 
 
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """Usage errors as one line (what is wrong, where to look) and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineErrorParser(
         prog="rollyard",
         description="Agent RL on executable tasks: sandboxes, tasks, training, store, gates.",
     )

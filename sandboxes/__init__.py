@@ -22,6 +22,8 @@ from sandboxes.errors import (
     WorkspacePathError,
 )
 
+from sandboxes.pool import SandboxPool
+
 BACKENDS = ("bwrap",)
 
 
@@ -46,6 +48,7 @@ __all__ = [
     "Sandbox",
     "SandboxClosedError",
     "SandboxError",
+    "SandboxPool",
     "SandboxSetupError",
     "SandboxUnavailableError",
     "SnapshotError",

@@ -250,12 +250,15 @@ def sweep_orphans(layout: HostLayout) -> list[str]:
 
 
 def release_runtime_dir(directory: Path) -> None:
+    """Unmount everything under `directory`, then delete it. Never deletes through a mount:
+    a runtime dir holds a bind mount of the host's Python installation."""
     for target in mounts_under(directory):
         umount(target)
-    # A mount of a sandbox that died mid-setup may sit on the directory itself.
-    if any(line.split()[1] == str(directory)
-           for line in Path("/proc/self/mounts").read_text().splitlines()):  # fmt: skip
-        umount(directory)
+    remaining = mounts_under(directory)
+    if remaining:
+        raise SandboxSetupError(
+            f"refusing to delete {directory}: still mounted at {', '.join(map(str, remaining))}"
+        )
     shutil.rmtree(directory, ignore_errors=True)
 
 
