@@ -16,6 +16,7 @@ Isolation, from the outside in:
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
 import secrets
@@ -192,7 +193,10 @@ class BwrapSandbox(Sandbox):
         for index, runtime in enumerate(host.python_runtime_dirs()):
             bwrap += ["--ro-bind", str(self._dir / "runtime" / str(index)), str(runtime)]
         bwrap += [
-            "--proc", "/proc", "--dev", "/dev",
+            # /dev is a tmpfs bwrap leaves writable and unsized: make it read-only (device nodes
+            # still work) and give /dev/shm the same size limit as /tmp.
+            "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
+            "--size", str(self.limits.disk_mb << 20), "--tmpfs", "/dev/shm",
             "--size", str(self.limits.disk_mb << 20), "--tmpfs", "/tmp",
             "--bind", str(self._merged), WORKSPACE_MOUNT, "--chdir", WORKSPACE_MOUNT,
             "--remount-ro", "/", "--clearenv",
@@ -232,8 +236,13 @@ class BwrapSandbox(Sandbox):
                     data = stdin.encode() if isinstance(stdin, str) else stdin
                     spool = stack.enter_context(tempfile.TemporaryFile())
                     spool.write(data)
-                    spool.seek(0)
-                    stdin_file = spool
+                    spool.flush()
+                    # Hand the sandbox a read-only descriptor: the spool itself is open for
+                    # writing, and a command could write through fd 0 into the host's /tmp,
+                    # past every disk limit.
+                    stdin_fd = os.open(f"/proc/self/fd/{spool.fileno()}", os.O_RDONLY)
+                    stack.callback(os.close, stdin_fd)
+                    stdin_file = stdin_fd
                 started = time.monotonic()
                 try:
                     process = subprocess.Popen(
@@ -342,13 +351,22 @@ class BwrapSandbox(Sandbox):
         self._check_open("read_file")
         target = self._resolve(path)
         try:
-            with target.open("rb") as handle:
-                data = handle.read(self.limits.disk_mb << 20)
+            # O_NONBLOCK: a FIFO the command left behind would otherwise hang the caller.
+            fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             raise FileNotFoundError(f"no file {path!r} in the workspace") from None
-        except IsADirectoryError:
-            raise IsADirectoryError(f"{path!r} is a directory in the workspace") from None
-        return data
+        except OSError as error:
+            if error.errno == errno.ENXIO:  # a socket
+                raise WorkspacePathError(f"{path!r} is not a regular file (a socket)") from None
+            raise
+        try:
+            _require_regular(path, os.fstat(fd))
+        except BaseException:
+            os.close(fd)
+            raise
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb") as handle:
+            return handle.read(self.limits.disk_mb << 20)
 
     def write_file(self, path: str, data: str | bytes) -> None:
         self._check_open("write_file")
@@ -366,11 +384,27 @@ class BwrapSandbox(Sandbox):
             for directory in reversed(missing):
                 directory.mkdir()
                 os.chown(directory, uid, uid)
-            with target.open("wb") as handle:
+            # O_NONBLOCK: opening a FIFO for writing would block until a reader came.
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                         | os.O_CLOEXEC, 0o644)  # fmt: skip
+            try:
+                _require_regular(path, os.fstat(fd))
+            except BaseException:
+                os.close(fd)
+                raise
+            os.set_blocking(fd, True)
+            with os.fdopen(fd, "wb") as handle:
+                os.ftruncate(fd, 0)
                 handle.write(payload)
-            os.chown(target, uid, uid)  # so commands inside can edit it later
+                os.fchown(fd, uid, uid)  # so commands inside can edit it later
         except OSError as error:
-            if error.errno == 28:  # ENOSPC: the workspace disk limit
+            if error.errno == errno.EISDIR:
+                raise IsADirectoryError(f"{path!r} is a directory in the workspace") from None
+            if error.errno == errno.ENXIO:  # a socket, or a FIFO without a reader
+                raise WorkspacePathError(
+                    f"{path!r} is not a regular file (a FIFO or socket)"
+                ) from None
+            if error.errno == errno.ENOSPC:  # the workspace disk limit
                 raise SandboxError(
                     f"writing {path!r} exceeds the workspace disk limit of "
                     f"{self.limits.disk_mb} MB"
@@ -447,6 +481,13 @@ class BwrapSandbox(Sandbox):
             errors.append(error)
         if errors:
             raise SandboxSetupError(f"cleanup of sandbox {self.sandbox_id} failed: {errors[0]}")
+
+
+def _require_regular(path: str, st: os.stat_result) -> None:
+    if stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(f"{path!r} is a directory in the workspace")
+    if not stat.S_ISREG(st.st_mode):
+        raise WorkspacePathError(f"{path!r} is not a regular file (a FIFO, socket or device)")
 
 
 def _is_opaque(directory: Path) -> bool:

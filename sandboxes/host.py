@@ -39,6 +39,8 @@ BLOCKED_SYSCALLS = (
     "userfaultfd", "reboot", "swapon", "swapoff", "open_by_handle_at", "name_to_handle_at",
     "acct", "quotactl", "syslog", "iopl", "ioperm", "fsopen", "fsmount", "fsconfig",
     "move_mount", "open_tree", "mount_setattr",
+    # io_uring: a large kernel attack surface that container runtimes block by default too
+    "io_uring_setup", "io_uring_enter", "io_uring_register",
 )  # fmt: skip
 
 

@@ -50,7 +50,12 @@ def _check_entry(root: Path, relpath: str, st: os.stat_result) -> None:
     if stat.S_ISLNK(mode):
         target = os.readlink(root / relpath)
         resolved = os.path.normpath(os.path.join(os.path.dirname(relpath), target))
-        if os.path.isabs(target) or resolved == ".." or resolved.startswith("../"):
+        # The lexical check misses chains such as `d/up -> ..` plus `e -> d/up/..`; resolving
+        # the link on disk catches those.
+        real_root = os.path.realpath(root)
+        real = os.path.realpath(root / relpath)
+        escapes = real != real_root and not real.startswith(real_root + os.sep)
+        if os.path.isabs(target) or resolved == ".." or resolved.startswith("../") or escapes:
             raise SnapshotError(
                 f"snapshot {root}: symlink {relpath} -> {target} points outside the snapshot; "
                 "make it relative and inside, or replace it with the file it names"
