@@ -91,6 +91,21 @@ def episode_id_for(
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
+def _defaults(record_type: type) -> dict[str, Any]:
+    """Non-null defaults of a record type, applied to mappings and tables that omit the field."""
+    return {
+        f.name: list(f.default) if isinstance(f.default, tuple) else f.default
+        for f in dataclasses.fields(record_type)
+        if f.default is not dataclasses.MISSING and f.default is not None
+    }
+
+
+# The record dataclasses are where defaults are defined; rows given as mappings get the same ones.
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "episodes": _defaults(EpisodeRecord),
+    "steps": _defaults(StepRecord),
+}
+
 Rows: TypeAlias = Sequence[Mapping[str, Any] | EpisodeRecord | StepRecord]
 TableInput: TypeAlias = pa.Table | pa.RecordBatch | str | os.PathLike[str] | Rows
 
@@ -131,9 +146,11 @@ def _rows_to_table(spec: TableSpec, rows: Rows, source: str) -> pa.Table:
                 f"{spec.name!r} does not define; known fields: {', '.join(names)}"
             )
         dicts.append(mapping)
+    defaults = DEFAULTS.get(spec.name, {})
     arrays = []
     for f in spec.schema:
-        values = [d.get(f.name) for d in dicts]
+        default = defaults.get(f.name)
+        values = [d.get(f.name, default) for d in dicts]
         try:
             arrays.append(pa.array(values, type=f.type))
         except (pa.ArrowException, TypeError, ValueError) as error:
@@ -154,7 +171,11 @@ def _table_to_schema(spec: TableSpec, table: pa.Table, source: str) -> pa.Table:
     arrays = []
     for f in spec.schema:
         if f.name not in table.column_names:
-            arrays.append(pa.nulls(table.num_rows, type=f.type))
+            default = DEFAULTS.get(spec.name, {}).get(f.name)
+            if default is None:
+                arrays.append(pa.nulls(table.num_rows, type=f.type))
+            else:
+                arrays.append(pa.repeat(pa.scalar(default, type=f.type), table.num_rows))
             continue
         column = table.column(f.name)
         if column.type != f.type:
