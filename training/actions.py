@@ -177,3 +177,33 @@ def cap_text(text: str, max_chars: int) -> tuple[str, bool]:
     keep = max(0, max_chars - len(marker))
     head = keep // 2
     return text[:head] + marker + text[len(text) - (keep - head) :], True
+
+
+def history_messages(history: History, *, system_prompt: str | None = None) -> list[dict[str, Any]]:
+    """The history as OpenAI chat messages: system, the instruction as the user's message, then
+    per turn an assistant tool call and the tool's answer. Used to prompt chat models and to
+    export batches for external trainers, so both see the same conversation."""
+    messages: list[dict[str, Any]] = []
+    if system_prompt:
+        messages.append({"role": "system", "content": system_prompt})
+    messages.append({"role": "user", "content": history.instruction})
+    for index, turn in enumerate(history.turns):
+        call_id = f"call_{index}"
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {
+                            "name": turn.action.tool,
+                            "arguments": json.dumps(action_arguments(turn.action)),
+                        },
+                    }
+                ],
+            }
+        )
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": turn.observation.text})
+    return messages

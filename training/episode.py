@@ -53,7 +53,7 @@ class Verdict(Protocol):
     """What the runner reads from a verifier's result (`tasks_lib`'s `VerificationResult`)."""
 
     @property
-    def reward(self) -> float: ...
+    def reward(self) -> float | None: ...
     @property
     def status(self) -> str: ...
 
@@ -64,10 +64,10 @@ Verifier = Callable[[Task, Sandbox], Verdict]
 
 def verify_agent_sandbox(task: Task, sandbox: Sandbox) -> Verdict:
     """The default verifier: the agent's changes, replayed in a fresh sandbox by `tasks_lib`."""
-    from tasks_lib import verify
     from tasks_lib.candidate import CandidateChanges
+    from tasks_lib.verify import verify
 
-    return verify(task, CandidateChanges.from_sandbox(sandbox))  # type: ignore[no-any-return]
+    return verify(task, CandidateChanges.from_sandbox(sandbox))
 
 
 _VERDICT_STATUSES = {
@@ -237,14 +237,18 @@ def run_episode(
             mapped = _VERDICT_STATUSES.get(str(verdict.status))
             if mapped is not None:
                 status = mapped
-                error = str(getattr(verdict, "error", None) or f"verifier status {verdict.status}")
+                detail = getattr(verdict, "detail", None) or getattr(verdict, "error", None)
+                error = f"verifier status {verdict.status}: {detail or 'no detail'}"
             else:
-                reward = float(verdict.reward)
+                reward = float(verdict.reward or 0.0)
                 partial = getattr(verdict, "partial_credit", None)
                 partial_credit = float(partial) if partial is not None else None
                 passed_value = getattr(verdict, "passed", None)
                 passed = bool(passed_value) if passed_value is not None else reward >= 1.0
-                flags = tuple(str(flag) for flag in getattr(verdict, "flags", ()) or ())
+                flags = tuple(
+                    f"{getattr(flag, 'rule', flag)}:{getattr(flag, 'path', '')}"
+                    for flag in getattr(verdict, "flags", ()) or ()
+                )
         verify_s = time.monotonic() - verify_start
 
     return Trajectory(

@@ -22,7 +22,7 @@ import math
 import random
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -30,6 +30,9 @@ from training.errors import TrainerError
 from training.policy import ScorerRecord
 from training.scorer_policy import CandidateScorerPolicy
 from training.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from storage import CheckpointInfo, TrajectoryStore
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -250,8 +253,8 @@ class GRPOTrainer:
                     )
                     self.optimizer.step()
                     optimizer_steps += 1
-                    loss_value, policy_loss_value = float(loss), float(policy_loss)
-                    entropy_value, grad_value = float(entropy), float(grad_norm)
+                    loss_value, policy_loss_value = loss.item(), policy_loss.item()
+                    entropy_value, grad_value = entropy.item(), grad_norm.item()
                     epoch_kl += float(approx_kl) * len(batch)
                     epoch_clip += float(clip_fraction) * len(batch)
                     epoch_count += len(batch)
@@ -295,6 +298,46 @@ class GRPOTrainer:
         shuffle_state = state.get("shuffle_state")
         if shuffle_state is not None:
             self._random.setstate(_as_random_state(shuffle_state))
+
+
+def save_checkpoint(
+    trainer: GRPOTrainer,
+    store: TrajectoryStore,
+    *,
+    run_id: str,
+    iteration: int,
+    trained_on_iterations: Sequence[int] = (),
+    n_episodes: int = 0,
+    parent_policy_version: str | None = None,
+) -> CheckpointInfo:
+    """Save the trainer (policy + optimizer) to the store under the policy's current version;
+    replaying it is a no-op (the store keeps one checkpoint per version)."""
+    return store.save_checkpoint(
+        run_id,
+        trainer.policy.version,
+        trainer.state_dict(),
+        iteration=iteration,
+        trained_on_iterations=trained_on_iterations,
+        n_episodes=n_episodes,
+        parent_policy_version=parent_policy_version,
+        metadata={"policy": trainer.policy.name, "updates": trainer.updates},
+    )
+
+
+def load_checkpoint(
+    store: TrajectoryStore,
+    run_id: str,
+    policy_version: str,
+    *,
+    config: GRPOConfig | None = None,
+    seed: int = 0,
+) -> GRPOTrainer:
+    """A trainer (and its policy) restored from a checkpoint `save_checkpoint` wrote."""
+    state, _ = store.load_checkpoint(run_id, policy_version)
+    policy = CandidateScorerPolicy.from_state_dict(state["policy"], seed=seed)
+    trainer = GRPOTrainer(policy, config or GRPOConfig(**state["config"]))
+    trainer.load_state_dict(state)
+    return trainer
 
 
 def _as_random_state(state: Any) -> tuple[Any, ...]:

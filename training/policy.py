@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from collections.abc import Sequence
 
-from training.actions import Action, History
+from training.actions import Action, History, Submit
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -70,3 +71,22 @@ class Policy(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook; most policies hold nothing
         """Release what the policy holds (HTTP connections); idempotent."""
+
+
+class ScriptedPolicy(Policy):
+    """Replays a fixed sequence of actions, then submits: for tests, and to replay a stored
+    trajectory's actions against a changed environment. Has no logprobs."""
+
+    def __init__(self, actions: Sequence[Action], *, version: str = "scripted") -> None:
+        self.actions = tuple(actions)
+        self._version = version
+
+    @property
+    def version(self) -> str:
+        return self._version
+
+    def act(self, history: History) -> Decision:
+        if history.step_count < len(self.actions):
+            return Decision(self.actions[history.step_count])
+        return Decision(Submit())
+

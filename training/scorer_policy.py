@@ -20,7 +20,7 @@ from torch import nn
 
 from training.actions import History
 from training.candidates import FEATURE_COUNT, FEATURE_NAMES, Candidate, propose_candidates
-from training.errors import TrainerError
+from training.errors import PolicyError, TrainerError
 from training.policy import Decision, Policy, ScorerRecord
 
 
@@ -92,7 +92,12 @@ class CandidateScorerPolicy(Policy):
         return propose_candidates(history)
 
     def act(self, history: History) -> Decision:
-        candidates = self.candidates(history)
+        return self.choose(self.candidates(history))
+
+    def choose(self, candidates: list[Candidate]) -> Decision:
+        """Sample (or, greedy, take the best of) `candidates` by the network's scores."""
+        if not candidates:
+            raise PolicyError("no candidate actions to choose from")
         features = torch.tensor([c.features for c in candidates], dtype=torch.float32)
         with torch.no_grad():
             logits = self.network(features) / self.config.temperature

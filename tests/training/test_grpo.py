@@ -1,0 +1,224 @@
+"""GRPO mechanics: group advantages, masking, the clipped objective, learning on a toy problem,
+checkpoints."""
+
+from __future__ import annotations
+
+import pickle
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from training.actions import Observation, Submit
+from training.candidates import FEATURE_COUNT, FEATURE_NAMES, Candidate
+from training.grpo import (
+    GRPOConfig,
+    GRPOTrainer,
+    clipped_objective,
+    group_advantages,
+    load_checkpoint,
+    save_checkpoint,
+)
+from training.policy import ScorerRecord
+from training.scorer_policy import CandidateScorerPolicy
+from training.trajectory import EpisodeKey, EpisodeStatus, Step, Trajectory
+
+_GOOD = FEATURE_NAMES.index("edit_in_failing_function")
+
+
+def make_trajectory(
+    group: int,
+    sample: int,
+    reward: float | None,
+    *,
+    status: EpisodeStatus = EpisodeStatus.OK,
+    steps: tuple[Step, ...] = (),
+    iteration: int = 0,
+) -> Trajectory:
+    key = EpisodeKey("run", iteration, group_index=group, sample_index=sample)
+    return Trajectory(
+        episode_id=key.episode_id(f"task-{group}"),
+        group_id=key.group_id(f"task-{group}"),
+        key=key,
+        task_id=f"task-{group}",
+        task_version="1",
+        instruction="fix it",
+        snapshot_digest="sha256:x",
+        sandbox_backend="bwrap",
+        policy_version="p@0",
+        status=status,
+        steps=steps,
+        terminated=True,
+        truncated=False,
+        reward=reward,
+        passed=reward == 1.0 if reward is not None else None,
+    )
+
+
+def test_advantages_are_reward_minus_group_mean_over_std() -> None:
+    batch = [make_trajectory(0, i, r) for i, r in enumerate([1.0, 0.0, 0.0, 1.0])]
+    batch += [make_trajectory(1, i, r) for i, r in enumerate([0.5, 0.0])]
+    advantages, stats = group_advantages(batch)
+    assert [round(advantages[t.episode_id], 4) for t in batch[:4]] == [1.0, -1.0, -1.0, 1.0]
+    assert [round(advantages[t.episode_id], 4) for t in batch[4:]] == [1.0, -1.0]
+    assert stats.groups_used == 2 and stats.samples_used == 6
+
+    unnormalized, _ = group_advantages(batch, GRPOConfig(normalize_by_std=False))
+    assert [unnormalized[t.episode_id] for t in batch[4:]] == [0.25, -0.25]
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(0, 1), min_size=2, max_size=8))
+def test_advantages_of_a_group_sum_to_zero(rewards: list[float]) -> None:
+    batch = [make_trajectory(0, i, r) for i, r in enumerate(rewards)]
+    advantages, stats = group_advantages(batch)
+    if stats.groups_zero_variance:
+        assert advantages == {}
+    else:
+        assert abs(sum(advantages.values())) < 1e-6
+
+
+def test_zero_variance_groups_are_masked_and_counted() -> None:
+    batch = [make_trajectory(0, i, 1.0) for i in range(4)]
+    batch += [make_trajectory(1, i, 0.0) for i in range(4)]
+    batch += [make_trajectory(2, i, float(i % 2)) for i in range(4)]
+    advantages, stats = group_advantages(batch)
+    assert stats.groups_zero_variance == 2
+    assert stats.groups_used == 1
+    assert set(advantages) == {t.episode_id for t in batch[8:]}
+
+
+def test_infra_failures_mask_their_group_or_drop_their_samples() -> None:
+    batch = [
+        make_trajectory(0, 0, 1.0),
+        make_trajectory(0, 1, 0.0),
+        make_trajectory(0, 2, None, status=EpisodeStatus.INFRA_ERROR),
+        make_trajectory(1, 0, 1.0),
+        make_trajectory(1, 1, 0.0),
+    ]
+    advantages, stats = group_advantages(batch)
+    assert stats.groups_with_infra_failures == 1
+    assert stats.samples_infra_failed == 1
+    assert set(advantages) == {batch[3].episode_id, batch[4].episode_id}
+
+    dropped, stats = group_advantages(batch, GRPOConfig(infra_failures="drop_samples"))
+    assert stats.groups_with_infra_failures == 1 and stats.groups_used == 2
+    assert batch[2].episode_id not in dropped and batch[0].episode_id in dropped
+
+    # a group left with one trainable sample has no baseline
+    small = [make_trajectory(0, 0, 1.0), make_trajectory(0, 1, None, status=EpisodeStatus.VERIFIER_ERROR)]
+    advantages, stats = group_advantages(small, GRPOConfig(infra_failures="drop_samples"))
+    assert advantages == {} and stats.groups_too_small == 1
+
+
+def test_clipped_objective_stops_gradient_outside_the_clip_range() -> None:
+    old = torch.zeros(4)
+    # ratios e^0.5 (above 1+ε) and e^-0.5 (below 1-ε), each with positive and negative advantage
+    new = torch.tensor([0.5, 0.5, -0.5, -0.5], requires_grad=True)
+    advantages = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    loss, _, clip_fraction = clipped_objective(new, old, advantages, clip_epsilon=0.2)
+    loss.backward()
+    assert new.grad is not None
+    gradient = new.grad.tolist()
+    # above the range with A>0 and below it with A<0: clipped, no push further
+    assert gradient[0] == 0.0 and gradient[3] == 0.0
+    # the pessimistic side still pulls back
+    assert gradient[1] > 0.0 and gradient[2] < 0.0
+    assert clip_fraction.item() == 1.0
+
+    inside = torch.tensor([0.05], requires_grad=True)
+    loss, kl, clip_fraction = clipped_objective(inside, torch.zeros(1), torch.ones(1), 0.2)
+    loss.backward()
+    assert inside.grad is not None and inside.grad.item() < 0 and clip_fraction.item() == 0.0
+    assert kl.item() >= 0
+
+
+def _toy_candidates(rng: random.Random) -> list[Candidate]:
+    """Eight candidate edits with random features; exactly one is in the failing function."""
+    candidates = []
+    good = rng.randrange(8)
+    for index in range(8):
+        features = [0.0] * FEATURE_COUNT
+        features[FEATURE_NAMES.index("is_edit")] = 1.0
+        for name in ("edit_test_file", "edit_kind_comparison", "edit_kind_wrong_variable"):
+            features[FEATURE_NAMES.index(name)] = float(rng.random() < 0.5)
+        features[_GOOD] = float(index == good)
+        candidates.append(Candidate(Submit(), tuple(features), f"c{index}"))
+    return candidates
+
+
+def _toy_batch(policy: CandidateScorerPolicy, iteration: int, rng: random.Random) -> list[Trajectory]:
+    batch = []
+    for group in range(6):
+        candidates = _toy_candidates(rng)
+        for sample in range(4):
+            decision = policy.choose(candidates)
+            assert isinstance(decision.record, ScorerRecord)
+            chosen = candidates[decision.record.chosen_index]
+            reward = chosen.features[_GOOD]
+            step = Step(0, decision.action, Observation("ok", 0), 0.0, 0.0,
+                        logprob=decision.logprob, record=decision.record)
+            batch.append(make_trajectory(group, sample, reward, steps=(step,), iteration=iteration))
+    return batch
+
+
+def test_scorer_policy_learns_a_toy_candidate_problem() -> None:
+    policy = CandidateScorerPolicy(seed=1)
+    trainer = GRPOTrainer(policy, GRPOConfig(learning_rate=0.05))
+    rng = random.Random(0)
+    rewards = []
+    for iteration in range(12):
+        metrics = trainer.update(_toy_batch(policy, iteration, rng))
+        rewards.append(metrics.reward_mean)
+    assert rewards[0] < 0.35  # about 1/8 at random
+    assert sum(rewards[-3:]) / 3 > 0.7
+    assert policy.feature_weights()["edit_in_failing_function"] > 0
+    # once every sample of a group succeeds the group is zero-variance and no update happens
+    assert 1 <= policy.updates <= 12
+    assert policy.version.startswith(f"candidate-scorer@{policy.updates}:")
+
+
+def test_update_reports_metrics_and_skips_batches_with_nothing_to_learn() -> None:
+    policy = CandidateScorerPolicy()
+    trainer = GRPOTrainer(policy)
+    version = policy.version
+    metrics = trainer.update([make_trajectory(0, i, 1.0) for i in range(3)])
+    assert metrics.optimizer_steps == 0 and metrics.groups.groups_zero_variance == 1
+    assert policy.version == version and metrics.reward_mean == 1.0
+    row = metrics.as_dict()
+    assert row["groups_zero_variance"] == 1.0 and "clip_fraction" in row
+
+
+def test_policy_and_trainer_round_trip_through_pickle_bytes_and_the_store(tmp_path) -> None:
+    from storage import TrajectoryStore
+
+    policy = CandidateScorerPolicy(seed=3)
+    trainer = GRPOTrainer(policy)
+    trainer.update(_toy_batch(policy, 0, random.Random(1)))
+    candidates = _toy_candidates(random.Random(2))
+
+    copy = pickle.loads(pickle.dumps(policy))
+    assert copy.version == policy.version
+    assert copy.choose(candidates) == policy.choose(candidates)  # same weights, same RNG state
+    restored = CandidateScorerPolicy.from_bytes(policy.to_bytes())
+    assert restored.version == policy.version
+
+    store = TrajectoryStore(tmp_path / "store")
+    info = save_checkpoint(trainer, store, run_id="run", iteration=0, n_episodes=24)
+    assert info.policy_version == policy.version
+    resumed = load_checkpoint(store, "run", policy.version)
+    assert resumed.policy.version == policy.version and resumed.updates == 1
+    before = [p.clone() for p in resumed.policy.network.parameters()]
+    resumed.update(_toy_batch(resumed.policy, 1, random.Random(4)))
+    assert any(not torch.equal(a, b) for a, b in zip(before, resumed.policy.network.parameters()))
+
+
+def test_trainer_refuses_trajectories_without_scorer_records() -> None:
+    from training.errors import TrainerError
+
+    step = Step(0, Submit(), Observation("submitted", 0), 0.0, 0.0)
+    batch = [make_trajectory(0, 0, 1.0, steps=(step,)), make_trajectory(0, 1, 0.0, steps=(step,))]
+    with pytest.raises(TrainerError, match="export others"):
+        GRPOTrainer(CandidateScorerPolicy()).update(batch)
