@@ -26,8 +26,11 @@ def _open_default(snapshot: Path, limits: Limits) -> Sandbox:
     return open_sandbox(snapshot, limits=limits)
 
 
+PoolKey = tuple[Path, Limits]
+
+
 class SandboxPool:
-    """Thread-safe pool of idle, reset sandboxes keyed by snapshot directory.
+    """Thread-safe pool of idle, reset sandboxes keyed by snapshot directory and limits.
 
     `max_idle_per_snapshot` bounds what is kept warm; beyond it returned sandboxes are closed.
     """
@@ -44,18 +47,18 @@ class SandboxPool:
         self.limits = limits or Limits()
         self.max_idle_per_snapshot = max_idle_per_snapshot
         self._factory = factory
-        self._idle: defaultdict[Path, list[Sandbox]] = defaultdict(list)
+        self._idle: defaultdict[PoolKey, list[Sandbox]] = defaultdict(list)
         self._lock = threading.Lock()
         self._closed = False
         self.opened = 0
         """Sandboxes this pool has opened (a measure of how often warm ones were missing)."""
 
-    def _key(self, snapshot: str | Path) -> Path:
-        return Path(snapshot).resolve()
+    def _key(self, snapshot: str | Path, limits: Limits | None) -> PoolKey:
+        return Path(snapshot).resolve(), limits or self.limits
 
-    def prewarm(self, snapshot: str | Path, count: int) -> None:
+    def prewarm(self, snapshot: str | Path, count: int, *, limits: Limits | None = None) -> None:
         """Open sandboxes over `snapshot` until `count` are idle."""
-        key = self._key(snapshot)
+        key = self._key(snapshot, limits)
         while True:
             with self._lock:
                 self._check_open()
@@ -65,15 +68,17 @@ class SandboxPool:
             with self._lock:
                 self._idle[key].append(sandbox)
 
-    def _open(self, key: Path) -> Sandbox:
-        sandbox = self._factory(key, self.limits)
+    def _open(self, key: PoolKey) -> Sandbox:
+        sandbox = self._factory(*key)
         with self._lock:
             self.opened += 1
         return sandbox
 
-    def take(self, snapshot: str | Path) -> Sandbox:
-        """An idle sandbox over `snapshot` (or a new one); give it back with `give_back`."""
-        key = self._key(snapshot)
+    def take(self, snapshot: str | Path, *, limits: Limits | None = None) -> Sandbox:
+        """An idle sandbox over `snapshot` (or a new one); give it back with `give_back`.
+
+        `limits` defaults to the pool's; sandboxes with other limits are pooled apart."""
+        key = self._key(snapshot, limits)
         with self._lock:
             self._check_open()
             idle = self._idle[key]
@@ -85,7 +90,7 @@ class SandboxPool:
         """Reset and keep `sandbox` warm, or close it if it is broken or the pool is full."""
         if sandbox.closed:
             return
-        key = self._key(sandbox.snapshot)
+        key = self._key(sandbox.snapshot, sandbox.limits)
         if not broken:
             try:
                 sandbox.reset()
@@ -100,12 +105,12 @@ class SandboxPool:
         sandbox.close()
 
     @contextlib.contextmanager
-    def acquire(self, snapshot: str | Path) -> Iterator[Sandbox]:
+    def acquire(self, snapshot: str | Path, *, limits: Limits | None = None) -> Iterator[Sandbox]:
         """`with pool.acquire(snapshot) as sb:` — a reset sandbox, returned reset afterwards.
 
         A `SandboxError` escaping the block marks the sandbox broken: it is closed, not reused.
         """
-        sandbox = self.take(snapshot)
+        sandbox = self.take(snapshot, limits=limits)
         broken = False
         try:
             yield sandbox
@@ -115,11 +120,12 @@ class SandboxPool:
         finally:
             self.give_back(sandbox, broken=broken)
 
-    def idle_count(self, snapshot: str | Path | None = None) -> int:
+    def idle_count(self, snapshot: str | Path | None = None, *,
+                   limits: Limits | None = None) -> int:  # fmt: skip
         with self._lock:
             if snapshot is None:
                 return sum(len(v) for v in self._idle.values())
-            return len(self._idle.get(self._key(snapshot), []))
+            return len(self._idle.get(self._key(snapshot, limits), []))
 
     def close(self) -> None:
         """Close every idle sandbox; sandboxes still out are closed when given back."""

@@ -1,0 +1,145 @@
+"""Embedded defaults for running flows on one machine: a local Prefect API server that rollyard
+starts, shares with its Dask workers and stops, and the Dask task runner.
+
+Prefect's *ephemeral* API breaks under the Dask task runner (every worker process starts its own
+temporary server on the same SQLite file) and cannot run scheduled deployments, so when no
+`PREFECT_API_URL` is configured rollyard runs one `prefect server start` on a free loopback port,
+with its home under the store and telemetry off, and exports its URL before any worker starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+QUIET_ENV = {
+    "DO_NOT_TRACK": "1",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
+    "DASK_DISTRIBUTED__LOGGING__DISTRIBUTED": "warning",
+}
+SERVER_START_TIMEOUT_S = 120.0
+
+
+class PrefectServerError(RuntimeError):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+
+def quiet_environment() -> None:
+    """Telemetry off and quiet logs, for this process and everything it spawns."""
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _healthy(api_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{api_url}/health", timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+class LocalPrefectServer:
+    """A `prefect server start` child process on loopback, its database under `home`."""
+
+    def __init__(self, home: Path, *, port: int | None = None) -> None:
+        self.home = Path(home)
+        self.port = port or _free_port()
+        self.api_url = f"http://127.0.0.1:{self.port}/api"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> str:
+        self.home.mkdir(parents=True, exist_ok=True)
+        prefect = shutil.which("prefect", path=str(Path(sys.executable).parent)) or "prefect"
+        env = {**os.environ, **QUIET_ENV, "PREFECT_HOME": str(self.home)}
+        env.pop("PREFECT_API_URL", None)
+        log = (self.home / "server.log").open("ab")
+        self._process = subprocess.Popen(
+            [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(self.port),
+             "--no-ui", "--analytics-off"],
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        log.close()
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if _healthy(self.api_url):
+                return self.api_url
+            if self._process.poll() is not None:
+                tail = (self.home / "server.log").read_text(errors="replace")[-2000:]
+                raise PrefectServerError(f"prefect server exited during start-up:\n{tail}")
+            time.sleep(0.25)
+        self.stop()
+        raise PrefectServerError(
+            f"prefect server did not answer on {self.api_url} within {SERVER_START_TIMEOUT_S} s; "
+            f"see {self.home / 'server.log'}"
+        )
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+    def __enter__(self) -> LocalPrefectServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def prefect_api(store_root: Path) -> Iterator[str]:
+    """The Prefect API to use: `PREFECT_API_URL` when configured, else a local server started
+    for the duration of the block (its URL exported so Dask workers inherit it)."""
+    quiet_environment()
+    configured = os.environ.get("PREFECT_API_URL")
+    if configured:
+        yield configured
+        return
+    server = LocalPrefectServer(Path(store_root) / "prefect")
+    server.start()
+    os.environ["PREFECT_API_URL"] = server.api_url
+    try:
+        yield server.api_url
+    finally:
+        drain_prefect_clients()
+        os.environ.pop("PREFECT_API_URL", None)
+        server.stop()
+
+
+def drain_prefect_clients(timeout_s: float = 10.0) -> None:
+    """Flush Prefect's background log and event senders while the server still answers, so
+    stopping it loses nothing and prints no connection errors."""
+    if "prefect" not in sys.modules:
+        return
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    with contextlib.suppress(Exception):
+        APILogWorker.drain_all(timeout=timeout_s)
+    with contextlib.suppress(Exception):
+        EventsWorker.drain_all(timeout=timeout_s)
