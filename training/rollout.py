@@ -1,0 +1,186 @@
+"""Rollout batches: plan an iteration's episodes into shards, run a shard, commit it exactly once.
+
+A shard is the unit of distribution and of commit. The flow ships one `ShardRequest` per Dask
+task; the worker runs its episodes over warm sandboxes from a per-process pool and commits the
+trajectories to the store under (run, iteration, shard), so a retried or rescheduled shard runs
+again but writes nothing twice. Works the same from a notebook without Prefect or Dask:
+
+    requests = plan_iteration(task_dirs, run_id="r1", iteration=0, policy=policy, ...)
+    outcomes = [rollout_shard_and_commit(r, store_root) for r in requests]
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import functools
+import os
+import random
+import socket
+from collections.abc import Sequence
+from pathlib import Path
+
+from sandboxes import Limits, SandboxPool
+from storage import CommitResult, TrajectoryStore
+from tasks_lib.loader import load_task
+from tasks_lib.model import Task
+
+from training.episode import EpisodeConfig, run_episode
+from training.scorer_policy import CandidateScorerPolicy
+from training.trajectory import EpisodeKey, Trajectory
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EpisodeRequest:
+    task_dir: str
+    key: EpisodeKey
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ShardRequest:
+    """Everything a worker needs to run one shard: picklable, self-contained."""
+
+    run_id: str
+    iteration: int
+    shard: int
+    episodes: tuple[EpisodeRequest, ...]
+    policy_bytes: bytes
+    """The policy's state (`CandidateScorerPolicy.to_bytes()`): workers rebuild it exactly."""
+    policy_version: str
+    episode_config: EpisodeConfig = EpisodeConfig()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ShardOutcome:
+    run_id: str
+    iteration: int
+    shard: int
+    trajectories: tuple[Trajectory, ...]
+    newly_committed: bool
+    """False when the shard had been committed before (a replay wrote nothing)."""
+    worker: str
+
+
+def sample_task_dirs(
+    task_dirs: Sequence[Path], *, count: int, iteration: int, seed: int
+) -> list[Path]:
+    """`count` distinct tasks for `iteration`, the same for the same (seed, iteration)."""
+    if not task_dirs:
+        raise ValueError("no tasks to sample from: give a directory holding task directories")
+    ordered = sorted(Path(d) for d in task_dirs)
+    rng = random.Random(f"{seed}/{iteration}")
+    if count >= len(ordered):
+        return rng.sample(ordered, len(ordered))
+    return rng.sample(ordered, count)
+
+
+def plan_iteration(
+    task_dirs: Sequence[Path],
+    *,
+    run_id: str,
+    iteration: int,
+    policy: CandidateScorerPolicy,
+    tasks_per_iteration: int,
+    group_size: int,
+    shard_count: int,
+    seed: int = 0,
+    episode_config: EpisodeConfig | None = None,
+) -> list[ShardRequest]:
+    """Sample tasks, make one group of `group_size` samples per task, and deal the episodes
+    round-robin into at most `shard_count` shards (episodes of a group spread across workers, so
+    one slow task does not serialize its whole group)."""
+    if group_size < 1 or tasks_per_iteration < 1 or shard_count < 1:
+        raise ValueError("group_size, tasks_per_iteration and shard_count must be >= 1")
+    chosen = sample_task_dirs(task_dirs, count=tasks_per_iteration, iteration=iteration, seed=seed)
+    episodes = [
+        EpisodeRequest(
+            str(task_dir),
+            EpisodeKey(run_id, iteration, group_index=group, sample_index=sample),
+        )
+        for group, task_dir in enumerate(chosen)
+        for sample in range(group_size)
+    ]
+    shard_count = min(shard_count, len(episodes))
+    policy_bytes = policy.to_bytes()
+    config = episode_config or EpisodeConfig(seed=seed)
+    return [
+        ShardRequest(
+            run_id=run_id,
+            iteration=iteration,
+            shard=shard,
+            episodes=tuple(episodes[shard::shard_count]),
+            policy_bytes=policy_bytes,
+            policy_version=policy.version,
+            episode_config=config,
+        )
+        for shard in range(shard_count)
+    ]
+
+
+# -- running a shard ------------------------------------------------------------------------------
+
+
+@functools.cache
+def worker_pool() -> SandboxPool:
+    """This process's sandbox pool (one per Dask worker process), closed at exit."""
+    pool = SandboxPool(limits=Limits(), max_idle_per_snapshot=2)
+    atexit.register(pool.close)
+    return pool
+
+
+@functools.lru_cache(maxsize=512)
+def _load_task_cached(task_dir: str) -> Task:
+    return load_task(task_dir)
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def run_shard(request: ShardRequest, *, pool: SandboxPool | None = None) -> list[Trajectory]:
+    """Run the shard's episodes in order with the policy it carries."""
+    pool = pool or worker_pool()
+    policy = CandidateScorerPolicy.from_bytes(request.policy_bytes)
+    if policy.version != request.policy_version:
+        raise ValueError(
+            f"shard {request.shard} carries policy {policy.version}, expected "
+            f"{request.policy_version}: the policy bytes are corrupt"
+        )
+    trajectories = []
+    for episode in request.episodes:
+        task = _load_task_cached(episode.task_dir)
+        with pool.acquire(task.snapshot_dir, limits=task.limits) as sandbox:
+            trajectories.append(
+                run_episode(task, policy, sandbox, key=episode.key,
+                            config=request.episode_config)  # fmt: skip
+            )
+    return trajectories
+
+
+def commit_shard(
+    store: TrajectoryStore, request: ShardRequest, trajectories: Sequence[Trajectory]
+) -> CommitResult:
+    worker = worker_name()
+    return store.commit_iteration_shard(
+        request.run_id,
+        request.iteration,
+        request.shard,
+        episodes=[t.to_episode_record(worker=worker) for t in trajectories],
+        steps=[step for t in trajectories for step in t.to_step_records()],
+    )
+
+
+def rollout_shard_and_commit(
+    request: ShardRequest, store_root: str | Path, *, pool: SandboxPool | None = None
+) -> ShardOutcome:
+    """Run a shard and commit it; replaying a committed shard runs it but writes nothing."""
+    trajectories = run_shard(request, pool=pool)
+    result = commit_shard(TrajectoryStore(store_root), request, trajectories)
+    return ShardOutcome(
+        run_id=request.run_id,
+        iteration=request.iteration,
+        shard=request.shard,
+        trajectories=tuple(trajectories),
+        newly_committed=result.committed,
+        worker=worker_name(),
+    )
