@@ -1,0 +1,1 @@
+"""Task families: generators that write valid Harbor task directories, one module per family."""

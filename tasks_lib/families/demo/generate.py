@@ -1,0 +1,429 @@
+"""The built-in demo family: bug-fix tasks over generated small Python packages.
+
+Each task assembles a package from a few modules of `pool`, injects one to three bugs with the
+operators of `mutate`, and writes a Harbor task: the buggy workspace with its visible pytest suite,
+hidden tests with other inputs (which also check result types), and the reverse patch as the
+solution. Everything is drawn from `random.Random(f"{seed}:{index}")`, so a seed fixes the tasks
+and task N is the same whatever the count.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import random
+import shutil
+import sys
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from tasks_lib.errors import GenerationError
+from tasks_lib.families.demo.mutate import OPERATORS, Mutation, find_mutations
+from tasks_lib.families.demo.pool import MODULES, PACKAGE_NAMES, ModuleSpec
+from tasks_lib.model import DEFAULT_HIDDEN_DIR, DEFAULT_WORKSPACE_DIR, HARBOR_FORMAT_VERSION
+
+FAMILY = "demo.bugfix"
+HIDDEN_CASES_PER_FUNCTION = 4
+BUG_COUNT_WEIGHTS = {1: 0.45, 2: 0.35, 3: 0.2}
+DIFFICULTY_BY_BUGS = {1: "easy", 2: "medium", 3: "hard"}
+MAX_ATTEMPTS_PER_TASK = 40
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Case:
+    test_name: str
+    module: str
+    function: str
+    args: tuple[Any, ...]
+    expected: Any
+    hidden: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DemoTaskPlan:
+    """Everything that defines one generated task (before it is written)."""
+
+    task_id: str
+    package: str
+    modules: tuple[str, ...]
+    mutations: tuple[Mutation, ...]
+    cases: tuple[_Case, ...]
+    fail_to_pass: tuple[str, ...]
+    pass_to_pass: tuple[str, ...]
+    hidden_tests: tuple[str, ...]
+    seed: int
+    index: int
+
+    @property
+    def signature(self) -> tuple[Any, ...]:
+        return (self.package, self.modules, tuple(sorted(m.key for m in self.mutations)))
+
+
+# -- running generated code in-process (it is our own code, not a candidate's) -------------------
+
+_counter = [0]
+
+
+def _load_package(sources: dict[str, str]) -> dict[str, types.ModuleType]:
+    _counter[0] += 1
+    package_name = f"_rollyard_demo_eval_{_counter[0]}"
+    package = types.ModuleType(package_name)
+    package.__path__ = []
+    sys.modules[package_name] = package
+    loaded: dict[str, types.ModuleType] = {}
+    ordered = sorted(sources, key=lambda name: len(MODULES[name].depends_on))
+    try:
+        for name in ordered:
+            module = types.ModuleType(f"{package_name}.{name}")
+            module.__package__ = package_name
+            sys.modules[module.__name__] = module
+            setattr(package, name, module)
+            exec(compile(sources[name], f"{name}.py", "exec"), module.__dict__)
+            loaded[name] = module
+    finally:
+        for key in [key for key in sys.modules if key.split(".")[0] == package_name]:
+            del sys.modules[key]
+    return loaded
+
+
+def _same_types(left: Any, right: Any) -> bool:
+    if type(left) is not type(right):
+        return False
+    if isinstance(left, list | tuple):
+        return len(left) == len(right) and all(map(_same_types, left, right))
+    if isinstance(left, dict):
+        return left.keys() == right.keys() and all(_same_types(left[k], right[k]) for k in left)
+    return True
+
+
+def _passes(modules: dict[str, types.ModuleType], case: _Case) -> bool:
+    try:
+        result = getattr(modules[case.module], case.function)(*copy.deepcopy(case.args))
+        equal = bool(result == case.expected)
+    except Exception:
+        return False
+    return equal and (not case.hidden or _same_types(result, case.expected))
+
+
+# -- planning ---------------------------------------------------------------------------------
+
+
+def _draw_cases(
+    rng: random.Random, specs: list[ModuleSpec]
+) -> list[tuple[str, str, tuple[Any, ...], bool, int]]:
+    drawn = []
+    for spec in specs:
+        for function, cases in spec.cases.items():
+            for number, args in enumerate(cases.visible, start=1):
+                drawn.append((spec.name, function, args, False, number))
+            seen = set(map(repr, cases.visible))
+            number = 0
+            for _ in range(HIDDEN_CASES_PER_FUNCTION * 4):
+                args = cases.hidden(rng)
+                if repr(args) in seen:
+                    continue
+                seen.add(repr(args))
+                number += 1
+                drawn.append((spec.name, function, args, True, number))
+                if number == HIDDEN_CASES_PER_FUNCTION:
+                    break
+    return drawn
+
+
+def plan_demo_task(seed: int, index: int, attempt: int = 0) -> DemoTaskPlan:
+    """Decide one task: package, modules, bugs and tests. Deterministic in (seed, index, attempt)."""
+    rng = random.Random(f"rollyard-demo:{seed}:{index}:{attempt}")
+    package = rng.choice(PACKAGE_NAMES)
+    names = rng.sample(sorted(MODULES), k=rng.randint(3, 4))
+    for name in list(names):
+        for dependency in MODULES[name].depends_on:
+            if dependency not in names:
+                names.append(dependency)
+    names.sort()
+    specs = [MODULES[name] for name in names]
+    originals = {spec.name: spec.source for spec in specs}
+    reference = _load_package(originals)
+    cases: list[_Case] = []
+    for module, function, args, hidden, number in _draw_cases(rng, specs):
+        expected = getattr(reference[module], function)(*copy.deepcopy(args))
+        kind = "hidden_" if hidden else ""
+        cases.append(
+            _Case(f"test_{function}_{kind}{number}", module, function, args, expected, hidden)
+        )
+
+    def failing(sources: dict[str, str]) -> tuple[set[str], set[str]]:
+        modules = _load_package(sources)
+        visible = {c.test_name for c in cases if not c.hidden and not _passes(modules, c)}
+        hidden = {c.test_name for c in cases if c.hidden and not _passes(modules, c)}
+        return visible, hidden
+
+    bug_count = rng.choices(list(BUG_COUNT_WEIGHTS), weights=list(BUG_COUNT_WEIGHTS.values()))[0]
+    by_operator: dict[str, list[Mutation]] = {operator: [] for operator in OPERATORS}
+    for spec in specs:
+        for mutation in find_mutations(spec.source, spec.name):
+            by_operator[mutation.operator].append(mutation)
+    chosen: list[Mutation] = []
+    used_functions: set[tuple[str, str]] = set()
+    for _ in range(60):
+        if len(chosen) == bug_count:
+            break
+        # Operator first, so the many variable swaps do not crowd out the other bug kinds.
+        operator = rng.choice([op for op in OPERATORS if by_operator[op]])
+        mutation = rng.choice(by_operator[operator])
+        if (mutation.module, mutation.function) in used_functions:
+            continue
+        sources = dict(originals)
+        sources[mutation.module] = mutation.apply(sources[mutation.module])
+        try:
+            visible_failing, hidden_failing = failing(sources)
+        except Exception:
+            continue  # the mutant does not even import
+        # Each bug must show in the visible suite (the agent can find it) and in the hidden
+        # one (hard-coding the visible answers does not pass).
+        if visible_failing and hidden_failing:
+            chosen.append(mutation)
+            used_functions.add((mutation.module, mutation.function))
+    if not chosen:
+        raise GenerationError(f"no detectable bug found for seed {seed} index {index}")
+    buggy = dict(originals)
+    for mutation in sorted(chosen, key=lambda m: -m.start):
+        buggy[mutation.module] = mutation.apply(buggy[mutation.module])
+    visible_failing, hidden_failing = failing(buggy)
+
+    def test_id(case: _Case) -> str:
+        prefix = "test_hidden_" if case.hidden else "test_"
+        return f"tests/{prefix}{case.module}.py::{case.test_name}"
+
+    fail_to_pass = tuple(
+        test_id(c) for c in cases if not c.hidden and c.test_name in visible_failing
+    )
+    pass_to_pass = tuple(
+        test_id(c) for c in cases if not c.hidden and c.test_name not in visible_failing
+    )
+    hidden_tests = tuple(test_id(c) for c in cases if c.hidden)
+    return DemoTaskPlan(
+        task_id=f"demo-{seed}-{index:04d}",
+        package=package,
+        modules=tuple(names),
+        mutations=tuple(sorted(chosen, key=lambda m: (m.module, m.start))),
+        cases=tuple(cases),
+        fail_to_pass=fail_to_pass,
+        pass_to_pass=pass_to_pass,
+        hidden_tests=hidden_tests,
+        seed=seed,
+        index=index,
+    )
+
+
+# -- writing ----------------------------------------------------------------------------------
+
+
+def _test_module(plan: DemoTaskPlan, module: str, hidden: bool) -> str:
+    lines = [
+        f'"""{"Further tests" if hidden else "Tests"} for {plan.package}.{module}."""',
+        "",
+        f"from {plan.package} import {module}",
+        "",
+    ]
+    if hidden:
+        lines += [
+            "",
+            "def _same_types(left, right):",
+            "    # Results must be real values of the expected type, not look-alikes.",
+            "    if type(left) is not type(right):",
+            "        return False",
+            "    if isinstance(left, (list, tuple)):",
+            "        return len(left) == len(right) and all(map(_same_types, left, right))",
+            "    if isinstance(left, dict):",
+            "        return left.keys() == right.keys() and all(_same_types(left[k], right[k]) for k in left)",
+            "    return True",
+            "",
+        ]
+    for case in plan.cases:
+        if case.module != module or case.hidden != hidden:
+            continue
+        call = f"{module}.{case.function}({', '.join(repr(arg) for arg in case.args)})"
+        lines += ["", f"def {case.test_name}():"]
+        if hidden:
+            lines += [
+                f"    result = {call}",
+                f"    expected = {case.expected!r}",
+                "    assert result == expected",
+                "    assert _same_types(result, expected)",
+                "",
+            ]
+        else:
+            lines += [f"    assert {call} == {case.expected!r}", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _instruction(plan: DemoTaskPlan) -> str:
+    failing = "\n".join(f"- `{test_id}`" for test_id in plan.fail_to_pass)
+    modules = ", ".join(f"`{plan.package}/{name}.py`" for name in plan.modules)
+    return (
+        f"# Fix the bugs in `{plan.package}`\n\n"
+        f"`{plan.package}` is a small Python package ({modules}) with a pytest suite in `tests/`.\n"
+        "Each function's docstring states what it should do. These tests currently fail:\n\n"
+        f"{failing}\n\n"
+        "Fix the package so the whole suite passes. Run it with:\n\n"
+        "    python -m pytest tests\n\n"
+        "Change only the package source. Test files, conftest files and configuration are\n"
+        "restored before grading, and further tests with other inputs check the same behaviour,\n"
+        "so a fix has to be correct in general, not only for the inputs above.\n"
+    )
+
+
+_DOCKERFILE = """\
+FROM python:3.11-slim
+RUN pip install --no-cache-dir "pytest>=8,<10"
+WORKDIR /workspace
+COPY workspace/ /workspace/
+"""
+
+_TEST_SH = """\
+#!/bin/bash
+# Harbor verifier entry point: installs the hidden tests, runs the suite, writes the reward.
+set -u
+mkdir -p /logs/verifier
+cp -r /tests/hidden/. /workspace/
+cd /workspace
+PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONDONTWRITEBYTECODE=1 \\
+    python -m pytest -p no:cacheprovider -q tests
+if [ $? -eq 0 ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi
+"""
+
+_SOLVE_SH = """\
+#!/bin/bash
+# Reference solution: the reverse of the injected bugs, applied in the workspace.
+set -euo pipefail
+patch -p1 --forward --no-backup-if-mismatch < "$(dirname "$0")/fix.patch"
+"""
+
+
+def write_demo_task(plan: DemoTaskPlan, task_dir: Path) -> Path:
+    """Write `plan` as a Harbor task directory (replacing `task_dir` if it exists)."""
+    tmp = task_dir.with_name(task_dir.name + ".partial")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    workspace = tmp / DEFAULT_WORKSPACE_DIR
+    package_dir = workspace / plan.package
+    package_dir.mkdir(parents=True)
+    (workspace / "tests").mkdir()
+    hidden_tests_dir = tmp / DEFAULT_HIDDEN_DIR / "tests"
+    hidden_tests_dir.mkdir(parents=True)
+    (tmp / "solution").mkdir()
+
+    (package_dir / "__init__.py").write_text(f'"""{plan.package}: small helpers."""\n')
+    patch_parts: list[str] = []
+    for name in plan.modules:
+        original = MODULES[name].source
+        buggy = original
+        for mutation in sorted(
+            (m for m in plan.mutations if m.module == name), key=lambda m: -m.start
+        ):
+            buggy = mutation.apply(buggy)
+        (package_dir / f"{name}.py").write_text(buggy)
+        if buggy != original:
+            path = f"{plan.package}/{name}.py"
+            patch_parts.extend(
+                difflib.unified_diff(
+                    buggy.splitlines(keepends=True),
+                    original.splitlines(keepends=True),
+                    fromfile=f"a/{path}",
+                    tofile=f"b/{path}",
+                )
+            )
+        (workspace / "tests" / f"test_{name}.py").write_text(_test_module(plan, name, hidden=False))
+        (hidden_tests_dir / f"test_hidden_{name}.py").write_text(
+            _test_module(plan, name, hidden=True)
+        )
+    (workspace / "pyproject.toml").write_text(
+        f'[project]\nname = "{plan.package}"\nversion = "0.1.0"\nrequires-python = ">=3.10"\n'
+    )
+    (tmp / "solution" / "fix.patch").write_text("".join(patch_parts))
+    _write_script(tmp / "solution" / "solve.sh", _SOLVE_SH)
+    (tmp / "tests").mkdir(exist_ok=True)
+    _write_script(tmp / "tests" / "test.sh", _TEST_SH)
+    (tmp / "environment" / "Dockerfile").write_text(_DOCKERFILE)
+    (tmp / "instruction.md").write_text(_instruction(plan))
+
+    difficulty = DIFFICULTY_BY_BUGS[min(len(plan.mutations), 3)]
+    document = {
+        "version": HARBOR_FORMAT_VERSION,
+        "metadata": {
+            "author_name": "rollyard demo generator",
+            "difficulty": difficulty,
+            "category": "debugging",
+            "tags": ["python", "bug-fix", "demo"],
+            "bugs": [mutation.describe() for mutation in plan.mutations],
+        },
+        "verifier": {"timeout_sec": 120.0},
+        "agent": {"timeout_sec": 600.0},
+        "environment": {
+            "build_timeout_sec": 600.0,
+            "cpus": 1,
+            "memory_mb": 1024,
+            "storage_mb": 512,
+        },
+        "rollyard": {
+            "id": plan.task_id,
+            "version": "1",
+            "family": FAMILY,
+            "source": f"rollyard demo generator, seed {plan.seed}, index {plan.index}",
+            "difficulty": difficulty,
+            "workspace_dir": DEFAULT_WORKSPACE_DIR,
+            "test_command": "python -m pytest tests",
+            "hidden_dir": DEFAULT_HIDDEN_DIR,
+            "fail_to_pass": list(plan.fail_to_pass),
+            "pass_to_pass": list(plan.pass_to_pass),
+            "hidden_tests": list(plan.hidden_tests),
+            "limits": {"wall_time_s": 60.0, "memory_mb": 1024, "verify_timeout_s": 120.0},
+        },
+    }
+    (tmp / "task.toml").write_bytes(tomli_w.dumps(document).encode())
+    if task_dir.exists():
+        shutil.rmtree(task_dir)
+    tmp.rename(task_dir)
+    return task_dir
+
+
+def _write_script(path: Path, text: str) -> None:
+    path.write_text(text)
+    path.chmod(0o755)
+
+
+def generate_demo_tasks(
+    out_dir: str | Path,
+    count: int,
+    seed: int = 0,
+    *,
+    progress: Callable[[int, Path], None] | None = None,
+) -> list[Path]:
+    """Write `count` distinct demo tasks under `out_dir` (one directory per task id)."""
+    if count < 1:
+        raise GenerationError(f"count must be at least 1, got {count}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    seen: set[tuple[Any, ...]] = set()
+    written: list[Path] = []
+    for index in range(count):
+        for attempt in range(MAX_ATTEMPTS_PER_TASK):
+            plan = plan_demo_task(seed, index, attempt)
+            if plan.signature not in seen:
+                break
+        else:
+            raise GenerationError(
+                f"could not find a distinct task for index {index} after "
+                f"{MAX_ATTEMPTS_PER_TASK} attempts; use a smaller count"
+            )
+        seen.add(plan.signature)
+        path = write_demo_task(plan, out / plan.task_id)
+        written.append(path)
+        if progress is not None:
+            progress(index, path)
+    return written
