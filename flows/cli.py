@@ -12,6 +12,7 @@ from typing import NoReturn
 
 # One line per command module; each adds its sub-commands to the parser.
 COMMAND_MODULES = (
+    "flows.commands.tasks",
     "flows.commands.sandbox",
     "flows.commands.demo",
     "flows.commands.query",

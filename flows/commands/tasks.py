@@ -1,0 +1,207 @@
+"""`rollyard tasks ...` (demo, checkout, validate, check) and `rollyard verify`: the task library
+on the command line. Each handler is one call into `tasks_lib`; output is JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tomllib
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from flows.cli import CliError
+
+EXIT_INVALID = 1
+EXIT_NOT_SCORED = 3
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    tasks = subparsers.add_parser("tasks", help="generate, inspect, validate and check tasks")
+    commands = tasks.add_subparsers(dest="tasks_command", required=True, metavar="COMMAND")
+
+    demo = commands.add_parser("demo", help="write N tasks of the built-in bug-fix family")
+    demo.add_argument("--out", required=True, type=Path, help="directory to write the tasks to")
+    demo.add_argument("--count", type=_positive_int, default=10)
+    demo.add_argument("--seed", type=int, default=0)
+    demo.set_defaults(handler=demo_command)
+
+    checkout = commands.add_parser(
+        "checkout", help="materialize the workspace the agent starts from"
+    )
+    checkout.add_argument("task", type=Path, metavar="TASK")
+    checkout.add_argument("dest", type=Path, metavar="DEST", help="new directory to create")
+    checkout.add_argument(
+        "--solved", action="store_true", help="with the reference solution applied"
+    )
+    checkout.set_defaults(handler=checkout_command)
+
+    validate = commands.add_parser(
+        "validate", help="check task directories against the Harbor layout and [rollyard] schema"
+    )
+    validate.add_argument("tasks", type=Path, nargs="+", metavar="TASK")
+    validate.set_defaults(handler=validate_command)
+
+    check = commands.add_parser(
+        "check", help="oracle check: the solution scores 1, the untouched workspace 0"
+    )
+    check.add_argument("tasks", type=Path, nargs="+", metavar="TASK")
+    check.add_argument("--jobs", type=_positive_int, default=1, help="tasks checked at once")
+    check.set_defaults(handler=check_command)
+
+    verify = subparsers.add_parser(
+        "verify",
+        help="score a workspace left by an agent against a task",
+        description="Compares CANDIDATE_DIR with the task's workspace snapshot and verifies the "
+        "changes in a fresh sandbox. Prints JSON: task_id, reward, status, tests, flags.",
+    )
+    verify.add_argument("task", type=Path, metavar="TASK")
+    verify.add_argument("candidate", type=Path, metavar="CANDIDATE_DIR")
+    verify.set_defaults(handler=verify_command)
+
+
+def _task_dirs(paths: list[Path]) -> Iterator[Path]:
+    """Task directories named on the command line; a directory of tasks stands for all of them."""
+    for path in paths:
+        if path.is_dir() and not (path / "task.toml").exists():
+            children = sorted(child.parent for child in path.glob("*/task.toml"))
+            if children:
+                yield from children
+                continue
+        yield path
+
+
+def _print(obj: dict[str, Any]) -> None:
+    print(json.dumps(obj), flush=True)
+
+
+def _load(path: Path) -> Any:
+    from tasks_lib import TaskError, load_task
+
+    try:
+        return load_task(path)
+    except TaskError as error:
+        raise CliError(str(error), EXIT_INVALID) from error
+
+
+def demo_command(args: argparse.Namespace) -> int:
+    from tasks_lib import TaskError, generate_demo_tasks
+
+    try:
+        paths = generate_demo_tasks(args.out, args.count, args.seed)
+    except (TaskError, OSError) as error:
+        raise CliError(f"cannot write demo tasks to {args.out}: {error}") from error
+    _print(
+        {
+            "out": str(args.out),
+            "count": len(paths),
+            "seed": args.seed,
+            "task_ids": [path.name for path in paths],
+        }
+    )
+    return 0
+
+
+def checkout_command(args: argparse.Namespace) -> int:
+    from sandboxes import SandboxError
+    from tasks_lib import TaskError, checkout
+
+    task = _load(args.task)
+    try:
+        dest = checkout(task, args.dest, solved=args.solved)
+    except (TaskError, SandboxError, OSError) as error:
+        raise CliError(f"cannot check out {task.id} to {args.dest}: {error}") from error
+    _print({"task_id": task.id, "dest": str(dest), "solved": args.solved})
+    return 0
+
+
+def _declared_id(path: Path) -> str:
+    try:
+        doc = tomllib.loads((path / "task.toml").read_text(encoding="utf-8"))
+        task_id = doc.get("rollyard", {}).get("id")
+        if isinstance(task_id, str):
+            return task_id
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError, AttributeError):
+        pass
+    return path.name
+
+
+def validate_command(args: argparse.Namespace) -> int:
+    from tasks_lib import TaskNotFoundError, validate_task
+
+    invalid = 0
+    for path in _task_dirs(args.tasks):
+        try:
+            issues = [str(issue) for issue in validate_task(path)]
+        except TaskNotFoundError as error:
+            issues = [str(error)]
+        invalid += bool(issues)
+        _print(
+            {"task_id": _declared_id(path), "path": str(path), "ok": not issues, "errors": issues}
+        )
+    return EXIT_INVALID if invalid else 0
+
+
+def check_command(args: argparse.Namespace) -> int:
+    from tasks_lib import TaskError, check_task, load_task
+
+    def one(path: Path) -> dict[str, Any]:
+        try:
+            task = load_task(path)
+        except TaskError as error:
+            return {"task_id": _declared_id(path), "ok": False, "problems": [str(error)]}
+        result = check_task(task)
+        summary: dict[str, Any] = {
+            "task_id": task.id,
+            "ok": result.ok,
+            "problems": list(result.problems),
+        }
+        for name, verdict in (("solution", result.solution), ("untouched", result.untouched)):
+            if verdict is not None:
+                summary[name] = {
+                    "reward": verdict.reward,
+                    "status": verdict.status,
+                    "flags": [flag.rule for flag in verdict.flags],
+                }
+        return summary
+
+    failed = 0
+    paths = list(_task_dirs(args.tasks))
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        for summary in pool.map(one, paths):
+            failed += not summary["ok"]
+            _print(summary)
+    if failed:
+        print(f"rollyard: {failed} of {len(paths)} task(s) failed the check", file=sys.stderr)
+    return EXIT_INVALID if failed else 0
+
+
+def verify_command(args: argparse.Namespace) -> int:
+    from tasks_lib import CandidateChanges, TaskError, verify
+
+    task = _load(args.task)
+    try:
+        candidate = CandidateChanges.from_directory(args.candidate, task.snapshot_dir)
+    except (TaskError, OSError) as error:
+        raise CliError(str(error), EXIT_INVALID) from error
+    result = verify(task, candidate)
+    out = result.to_json()
+    _print(
+        {
+            key: out[key]
+            for key in ("task_id", "reward", "status", "tests", "flags", "partial_credit", "detail")
+        }
+    )
+    return 0 if result.scored else EXIT_NOT_SCORED
