@@ -340,7 +340,12 @@ class BwrapSandbox(Sandbox):
                 )
             relative = relative[len(WORKSPACE_MOUNT):].lstrip("/")
         root = os.path.realpath(self._merged)
-        candidate = os.path.realpath(os.path.join(root, relative))
+        try:
+            candidate = os.path.realpath(os.path.join(root, relative))
+        except OSError as error:  # e.g. a link into /proc/1/root: resolving it is refused
+            raise WorkspacePathError(
+                f"{path!r} cannot be resolved inside the workspace: {error.strerror}"
+            ) from None
         if candidate != root and not candidate.startswith(root + os.sep):
             raise WorkspacePathError(
                 f"{path!r} resolves outside the workspace (through '..' or a symlink)"
