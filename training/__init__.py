@@ -2,6 +2,87 @@
 
     from training import CandidateScorerPolicy, EpisodeKey, GRPOTrainer, run_episode
     policy = CandidateScorerPolicy()
-    trajectory = run_episode(task, policy, sandbox, key=EpisodeKey("run-1", iteration=0))
+    with open_sandbox(task.snapshot_dir, limits=task.limits) as sandbox:
+        trajectory = run_episode(task, policy, sandbox, key=EpisodeKey("run-1", iteration=0))
     metrics = GRPOTrainer(policy).update([trajectory, ...])
 """
+
+from training.actions import (
+    Action,
+    EditFile,
+    History,
+    Observation,
+    ReadFile,
+    RunCommand,
+    Submit,
+    Turn,
+    action_from_json,
+    action_to_json,
+    history_messages,
+)
+from training.episode import EpisodeConfig, Verifier, apply_action, run_episode, verify_agent_sandbox
+from training.errors import (
+    ActionParseError,
+    EnvLifecycleError,
+    PolicyError,
+    PolicyServerError,
+    TrainerError,
+    TrainingError,
+)
+from training.grpo import (
+    GroupStats,
+    GRPOConfig,
+    GRPOTrainer,
+    UpdateMetrics,
+    group_advantages,
+    load_checkpoint,
+    save_checkpoint,
+)
+from training.policy import ChatRecord, Decision, Policy, ScorerRecord, ScriptedPolicy
+from training.scorer_policy import CandidateScorerPolicy, ScorerConfig
+from training.trajectory import EpisodeKey, EpisodeStatus, Step, Trajectory
+
+__all__ = [
+    "Action",
+    "ActionParseError",
+    "CandidateScorerPolicy",
+    "ChatRecord",
+    "Decision",
+    "EditFile",
+    "EnvLifecycleError",
+    "EpisodeConfig",
+    "EpisodeKey",
+    "EpisodeStatus",
+    "GRPOConfig",
+    "GRPOTrainer",
+    "GroupStats",
+    "History",
+    "Observation",
+    "Policy",
+    "PolicyError",
+    "PolicyServerError",
+    "ReadFile",
+    "RunCommand",
+    "ScorerConfig",
+    "ScorerRecord",
+    "ScriptedPolicy",
+    "Step",
+    "Submit",
+    "TrainerError",
+    "TrainingError",
+    "Trajectory",
+    "Turn",
+    "UpdateMetrics",
+    "Verifier",
+    "action_from_json",
+    "action_to_json",
+    "apply_action",
+    "group_advantages",
+    "history_messages",
+    "load_checkpoint",
+    "run_episode",
+    "save_checkpoint",
+    "verify_agent_sandbox",
+]
+# The chat policy (httpx), the Gymnasium environment and export (pyarrow) are imported from
+# their modules: training.chat_policy, training.gym_env, training.export.

@@ -38,6 +38,8 @@ MUTATION_KINDS = (
     "off_by_one",
     "boolean",
     "wrong_variable",
+    "missing_call",
+    "return_value",
     "delete_line",
 )
 
@@ -64,6 +66,7 @@ FEATURE_NAMES: tuple[str, ...] = (
     "read_named_by_instruction",
     "read_already_read",
     "read_test_file",
+    "read_source_of_failing_test",
     "read_before_tests_run",
     # where an edit lands
     "edit_test_file",
@@ -106,7 +109,8 @@ _TRACEBACK_LOCATION = re.compile(
 _IDENTIFIER = re.compile(r"\b[A-Za-z_]\w*\b")
 _ASSERT_NUMBERS = re.compile(r"assert (-?\d+(?:\.\d+)?) == (-?\d+(?:\.\d+)?)")
 _ASSERT_BOOLS = re.compile(r"assert (True|False) == (True|False)|assert (?:not )?(True|False)\b")
-_BACKTICKED_PYTEST = re.compile(r"`([^`\n]*pytest[^`\n]*)`")
+_BACKTICKED_PYTEST = re.compile(r"`([^`\n]*pytest[^`\n]*)`|^(?: {4}|\t)(\S*python\S* -m pytest[^\n]*)$", re.MULTILINE)
+_FAILED_TEST_FILE = re.compile(r"(?:FAILED |^)(?:[\w.-]+/)*test_(\w+)\.py(?:::|:\d+)", re.MULTILINE)
 
 _COMPARISON_SWAPS = {
     "<": ("<=", ">"),
@@ -117,17 +121,20 @@ _COMPARISON_SWAPS = {
     "!=": ("==",),
 }
 _ARITHMETIC_SWAPS = {
-    "+": ("-",),
+    "+": ("-", "*"),
     "-": ("+",),
     "*": ("/", "+"),
     "/": ("*", "//"),
-    "//": ("/", "*"),
+    "//": ("%", "/"),
     "%": ("//",),
     "+=": ("-=",),
     "-=": ("+=",),
 }
 _BOOLEAN_SWAPS = {"and": ("or",), "or": ("and",), "True": ("False",), "False": ("True",)}
 _STRUCTURAL_PREFIXES = ("def ", "class ", "import ", "from ", "@", "#")
+_WRAPPING_CALLS = ("abs", "sorted", "round", "str", "list", "max", "min", "reversed")
+_WRAPPING_METHODS = ("lower", "upper", "strip", "copy")
+_SWAPPABLE_RETURN_OPS = (ast.Sub, ast.Div, ast.FloorDiv, ast.Mod)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -164,6 +171,7 @@ class _Situation:
     failure_paths: set[str]
     traceback_lines: set[tuple[str, int]]
     failure_identifiers: set[str]
+    failing_test_stems: set[str]
     instruction_identifiers: set[str]
     numbers_differ_by_one: bool
     bool_mismatch: bool
@@ -186,7 +194,7 @@ def is_test_path(path: str) -> bool:
 def find_test_command(instruction: str) -> str:
     """The test command the instruction names in backticks, else plain pytest."""
     match = _BACKTICKED_PYTEST.search(instruction)
-    return match.group(1).strip() if match else DEFAULT_TEST_COMMAND
+    return (match.group(1) or match.group(2)).strip() if match else DEFAULT_TEST_COMMAND
 
 
 def _normalize_path(path: str) -> str:
@@ -218,6 +226,7 @@ def _read_situation(history: History) -> _Situation:
         failure_paths=set(),
         traceback_lines=set(),
         failure_identifiers=set(),
+        failing_test_stems=set(_FAILED_TEST_FILE.findall(instruction)),
         instruction_identifiers=set(_IDENTIFIER.findall(instruction)),
         numbers_differ_by_one=False,
         bool_mismatch=False,
@@ -278,6 +287,7 @@ def _digest_test_run(situation: _Situation, output: str, exit_code: int | None) 
         situation.failure_paths.add(normalized)
         situation.traceback_lines.add((normalized, int(line)))
     situation.failure_identifiers = set(_IDENTIFIER.findall(output))
+    situation.failing_test_stems = set(_FAILED_TEST_FILE.findall(output))
     for left, right in _ASSERT_NUMBERS.findall(output):
         if abs(float(left) - float(right)) == 1:
             situation.numbers_differ_by_one = True
@@ -365,7 +375,10 @@ def _line_mutations(line: str, local_names: tuple[str, ...]) -> Iterator[tuple[s
                     yield "boolean", f"{string!r}->{other!r}", replaced(other)
             elif string == "not":
                 cut_end = end + 1 if line[end : end + 1] == " " else end
-                yield "boolean", "drop 'not'", line[:start] + line[cut_end:]
+                kind = "comparison" if line[cut_end:].startswith("in ") else "boolean"
+                yield kind, "drop 'not'", line[:start] + line[cut_end:]
+            elif string == "in" and (previous is None or previous.string != "not"):
+                yield "comparison", "'in'->'not in'", replaced("not in")
             elif string in ("if", "while", "return") and line[end : end + 1] == " ":
                 after = end + 1
                 if not line[after:].startswith("not "):
@@ -376,10 +389,49 @@ def _line_mutations(line: str, local_names: tuple[str, ...]) -> Iterator[tuple[s
                     for other in local_names:
                         if other != string:
                             yield "wrong_variable", f"{string!r}->{other!r}", replaced(other)
+        elif token.type == tokenize.OP and string == "(" and not (
+            previous is not None
+            and (previous.type == tokenize.NAME and previous.string not in _KEYWORDS_BEFORE_PAREN
+                 or previous.string in (")", "]"))
+        ):
+            # a bare parenthesized expression may have lost the call around it
+            for call in _WRAPPING_CALLS:
+                yield "missing_call", f"add {call}(...)", line[:start] + call + line[start:]
         previous = token
+    yield from _return_mutations(line)
     stripped = line.strip()
     if stripped and not stripped.startswith(_STRUCTURAL_PREFIXES) and not stripped.endswith(":"):
         yield "delete_line", "delete line", ""
+
+
+_KEYWORDS_BEFORE_PAREN = frozenset({"return", "in", "and", "or", "not", "if", "elif", "while", "yield", "else", "for"})
+
+
+def _return_mutations(line: str) -> Iterator[tuple[str, str, str]]:
+    """Changes of what a `return` line returns: wrap it in a call or method, swap the operands of
+    a non-commutative operator, `0` for `None`."""
+    stripped = line.lstrip()
+    if not stripped.startswith("return "):
+        return
+    indent = line[: len(line) - len(stripped)]
+    try:
+        node = ast.parse(stripped).body[0]
+    except (SyntaxError, IndexError):
+        return
+    if not isinstance(node, ast.Return) or node.value is None:
+        return
+    value = node.value
+    expression = stripped[len("return ") :]
+    if isinstance(value, ast.Name):
+        for call in _WRAPPING_CALLS:
+            yield "missing_call", f"return {call}(...)", f"{indent}return {call}({expression})"
+        for method in _WRAPPING_METHODS:
+            yield "missing_call", f"return ....{method}()", f"{indent}return {expression}.{method}()"
+    elif isinstance(value, ast.BinOp) and isinstance(value.op, _SWAPPABLE_RETURN_OPS):
+        swapped = ast.BinOp(value.right, value.op, value.left)
+        yield "return_value", "swap operands", f"{indent}return {ast.unparse(swapped)}"
+    elif isinstance(value, ast.Constant) and value.value == 0 and value.value is not False:
+        yield "return_value", "0->None", f"{indent}return None"
 
 
 def _unique_old_text(source: str, lines: list[str], index: int) -> str | None:
@@ -503,6 +555,10 @@ def propose_candidates(history: History) -> list[Candidate]:
                     read_named_by_instruction=float(path in situation.instruction_paths),
                     read_already_read=float(path in situation.files),
                     read_test_file=float(is_test_path(path)),
+                    read_source_of_failing_test=float(
+                        not is_test_path(path)
+                        and path.rsplit("/", 1)[-1].removesuffix(".py") in situation.failing_test_stems
+                    ),
                     read_before_tests_run=float(not situation.tests_run),
                 ),
                 f"read {path}",

@@ -57,6 +57,10 @@ class GRPOConfig:
     advantage_epsilon: float = 1e-6
     """Added to the std before dividing, and the variance below which a group counts as
     zero-variance."""
+    partial_credit_weight: float = 0.5
+    """The signal advantages are computed from is `reward + w * partial_credit` (share of the
+    expected tests that pass). Multi-bug tasks seldom reach reward 1 early in training; partial
+    credit still ranks a sample that fixed one bug above one that broke a passing test."""
     min_group_size: int = 2
     """Groups with fewer trainable samples than this are masked (no baseline to compare to)."""
     infra_failures: Literal["mask_group", "drop_samples"] = "mask_group"
@@ -114,6 +118,12 @@ class UpdateMetrics:
         return values
 
 
+def training_signal(trajectory: Trajectory, config: GRPOConfig) -> float:
+    """What a trainable trajectory scored, for the group comparison."""
+    assert trajectory.reward is not None
+    return trajectory.reward + config.partial_credit_weight * (trajectory.partial_credit or 0.0)
+
+
 def group_advantages(
     trajectories: Sequence[Trajectory], config: GRPOConfig | None = None
 ) -> tuple[dict[str, float], GroupStats]:
@@ -137,7 +147,7 @@ def group_advantages(
         if len(trainable) < config.min_group_size:
             too_small += 1
             continue
-        rewards = torch.tensor([t.reward for t in trainable], dtype=torch.float64)
+        rewards = torch.tensor([training_signal(t, config) for t in trainable], dtype=torch.float64)
         variance = float(rewards.var(unbiased=False))
         if variance <= config.advantage_epsilon**2:
             zero_variance += 1
