@@ -229,7 +229,7 @@ class _Run:
             return self._limit("oom", executed, expected)
         try:
             raw = sandbox.read_file(f"{self.report_dir}/junit.xml")
-        except SandboxError:
+        except (SandboxError, OSError):
             raw = None
         if raw is None:
             return self._no_report(executed, expected)
@@ -346,7 +346,7 @@ class _Run:
         try:
             text = sandbox.read_file(f"{self.report_dir}/logs/verifier/reward.txt").decode().strip()
             reward = float(text)
-        except (SandboxError, UnicodeDecodeError, ValueError) as error:
+        except (SandboxError, OSError, UnicodeDecodeError, ValueError) as error:
             return self.result(
                 "verifier_error",
                 None,
