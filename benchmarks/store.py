@@ -1,0 +1,223 @@
+"""Trajectory store against JSONL: ingest rate, reward-curve query time and its peak memory.
+
+From one run it prints: steps/s committed through `TrajectoryStore.commit_iteration_shard` against
+the same records written as JSONL (one trajectory per line with its steps nested, as peer systems
+dump rollouts); a reward-curve query over all steps (DuckDB over the store) against pandas over
+the JSONL; and the peak resident memory of each query process. Both writers start from the same
+in-memory Python records, generated shard by shard outside the timed sections.
+
+    python benchmarks/store.py                 # 10 million steps (a few minutes, a few GB of disk)
+    python benchmarks/store.py --steps 200000  # a quick check
+
+Targets (issue 4): ingest >= 3x JSONL; query < 1 s and >= 20x faster than pandas; peak <= 1 GB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from storage import TrajectoryStore, episode_id_for  # noqa: E402
+
+RUN_ID = "bench"
+OUTPUT_LINES = [
+    "collected 12 items",
+    "tests/test_parser.py::test_round_trip PASSED",
+    "FAILED tests/test_parser.py::test_unicode - AssertionError: assert 'é' == 'e'",
+    'Traceback (most recent call last):\n  File "src/parser.py", line 42, in parse',
+    "$ ls -la src/\ntotal 24\n-rw-r--r-- 1 agent agent 1834 parser.py",
+    "patch applied: 1 file changed, 3 insertions(+), 1 deletion(-)",
+]
+ACTIONS = ("run", "read", "edit", "submit")
+
+# The store's query: the reward curve per iteration plus step-level figures, so it scans all steps.
+STORE_QUERY = """
+WITH s AS (
+    SELECT iteration, count(*) AS steps, avg(duration_s) AS mean_step_s,
+           avg(CASE WHEN exit_code <> 0 THEN 1.0 ELSE 0.0 END) AS nonzero_exit_rate
+    FROM steps GROUP BY iteration
+), e AS (
+    SELECT iteration, count(*) AS episodes, avg(reward) AS mean_reward,
+           avg(CASE WHEN passed THEN 1.0 ELSE 0.0 END) AS pass_rate,
+           quantile_cont(reward, 0.5) AS reward_p50
+    FROM episodes GROUP BY iteration
+)
+SELECT * FROM e JOIN s USING (iteration) ORDER BY iteration
+"""
+
+QUERY_STORE_SCRIPT = """
+import resource, sys, time
+sys.path.insert(0, sys.argv[2])
+from storage import TrajectoryStore
+start = time.perf_counter()
+table = TrajectoryStore(sys.argv[1], create=False).query(sys.argv[3])
+elapsed = time.perf_counter() - start
+print(elapsed, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, table.num_rows)
+"""
+
+# What a peer does with its JSONL dump: pandas, chunked so the machine does not run out of memory.
+QUERY_PANDAS_SCRIPT = """
+import resource, sys, time
+import pandas as pd
+start = time.perf_counter()
+parts = []
+for chunk in pd.read_json(sys.argv[1], lines=True, chunksize=20000):
+    steps = chunk["steps"].explode().dropna()
+    step_frame = pd.DataFrame(steps.tolist(), index=steps.index)
+    step_frame["iteration"] = chunk.loc[step_frame.index, "iteration"].to_numpy()
+    parts.append(pd.DataFrame({
+        "iteration": chunk["iteration"], "reward": chunk["reward"], "passed": chunk["passed"],
+    }).assign(kind="episode"))
+    parts.append(pd.DataFrame({
+        "iteration": step_frame["iteration"], "duration_s": step_frame["duration_s"],
+        "nonzero": (step_frame["exit_code"] != 0).astype(float),
+    }).assign(kind="step"))
+frame = pd.concat(parts, ignore_index=True)
+episodes = frame[frame.kind == "episode"].groupby("iteration").agg(
+    episodes=("reward", "size"), mean_reward=("reward", "mean"),
+    pass_rate=("passed", "mean"), reward_p50=("reward", "median"))
+steps = frame[frame.kind == "step"].groupby("iteration").agg(
+    steps=("duration_s", "size"), mean_step_s=("duration_s", "mean"),
+    nonzero_exit_rate=("nonzero", "mean"))
+result = episodes.join(steps)
+elapsed = time.perf_counter() - start
+print(elapsed, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, len(result))
+"""
+
+
+def make_shard_records(
+    iteration: int, shard: int, n_episodes: int, steps_per_episode: int, rng: random.Random
+) -> list[dict[str, Any]]:
+    """Episodes as a rollout loop produces them: dicts with their steps nested under "steps"."""
+    start = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(hours=iteration)
+    episodes = []
+    for index in range(n_episodes):
+        sample = shard * n_episodes + index
+        task_id = f"task-{sample % 97}"
+        episode_id = episode_id_for(RUN_ID, iteration, task_id, shard, sample)
+        n_steps = steps_per_episode
+        reward = float(rng.random() < 0.3 + 0.01 * iteration)
+        steps = [
+            {
+                "episode_id": episode_id,
+                "step": step,
+                "action_kind": ACTIONS[step % 4],
+                "action_text": f"pytest -q tests/test_parser.py -k case_{step}",
+                "observation": OUTPUT_LINES[(sample + step) % len(OUTPUT_LINES)],
+                "exit_code": int((sample + step) % 3 == 0),
+                "duration_s": rng.random(),
+            }
+            for step in range(n_steps)
+        ]
+        episodes.append(
+            {
+                "episode_id": episode_id,
+                "run_id": RUN_ID,
+                "iteration": iteration,
+                "task_id": task_id,
+                "task_version": "v1",
+                "group_index": shard,
+                "sample_index": sample,
+                "policy_version": f"p{iteration}",
+                "snapshot_digest": "sha256:4f1c",
+                "sandbox_backend": "bwrap",
+                "reward": reward,
+                "passed": reward == 1.0,
+                "status": "ok",
+                "flags": [],
+                "terminated": True,
+                "n_steps": n_steps,
+                "started_at": start,
+                "finished_at": start + timedelta(seconds=3),
+                "sandbox_s": 2.5,
+                "worker": f"worker-{shard % 4}",
+                "steps": steps,
+            }
+        )
+    return episodes
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=10_000_000, help="total steps to write")
+    parser.add_argument("--steps-per-episode", type=int, default=20)
+    parser.add_argument("--episodes-per-shard", type=int, default=512)
+    parser.add_argument("--shards-per-iteration", type=int, default=4)
+    parser.add_argument("--workdir", type=Path, help="where to write (default: a temporary dir)")
+    args = parser.parse_args()
+
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="rollyard-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    store_root, jsonl_path = workdir / "store", workdir / "rollouts.jsonl"
+    shutil.rmtree(store_root, ignore_errors=True)
+    store = TrajectoryStore(store_root)
+    steps_per_shard = args.episodes_per_shard * args.steps_per_episode
+    n_shards = max(1, args.steps // steps_per_shard)
+    rng = random.Random(0)
+    store_s = jsonl_s = 0.0
+    total_steps = 0
+    with jsonl_path.open("w") as jsonl:
+        for index in range(n_shards):
+            iteration, shard = divmod(index, args.shards_per_iteration)
+            records = make_shard_records(
+                iteration, shard, args.episodes_per_shard, args.steps_per_episode, rng
+            )
+            total_steps += sum(len(r["steps"]) for r in records)
+
+            start = time.perf_counter()
+            for record in records:
+                jsonl.write(json.dumps(record, default=str))
+                jsonl.write("\n")
+            jsonl.flush()
+            jsonl_s += time.perf_counter() - start
+
+            start = time.perf_counter()
+            episodes = [{k: v for k, v in r.items() if k != "steps"} for r in records]
+            steps = [step for r in records for step in r["steps"]]
+            store.commit_iteration_shard(RUN_ID, iteration, shard, episodes=episodes, steps=steps)
+            store_s += time.perf_counter() - start
+
+    store_rate, jsonl_rate = total_steps / store_s, total_steps / jsonl_s
+    store_mb = sum(p.stat().st_size for p in store_root.rglob("*") if p.is_file()) / 1e6
+    print(f"steps: {total_steps:,} in {n_shards} shard commits of {steps_per_shard:,} steps")
+    print(
+        f"ingest  store {store_rate:>12,.0f} steps/s ({store_s:.1f} s, {store_mb:,.0f} MB)   "
+        f"jsonl {jsonl_rate:>12,.0f} steps/s ({jsonl_s:.1f} s, "
+        f"{jsonl_path.stat().st_size / 1e6:,.0f} MB)   ratio {store_rate / jsonl_rate:.1f}x"
+    )
+
+    def run(script: str, *argv: str) -> tuple[float, int]:
+        output = subprocess.run(
+            [sys.executable, "-c", script, *argv], check=True, capture_output=True, text=True
+        ).stdout.split()
+        return float(output[0]), int(output[1])
+
+    query_s, query_peak = min(
+        (run(QUERY_STORE_SCRIPT, str(store_root), str(REPO_ROOT), STORE_QUERY) for _ in range(3)),
+        key=lambda result: result[0],
+    )
+    pandas_s, pandas_peak = run(QUERY_PANDAS_SCRIPT, str(jsonl_path))
+    print(
+        f"query   store {query_s:.3f} s (peak {query_peak / 2**20:,.0f} MiB)   "
+        f"pandas over jsonl {pandas_s:.1f} s (peak {pandas_peak / 2**20:,.0f} MiB)   "
+        f"ratio {pandas_s / query_s:.0f}x"
+    )
+    if args.workdir is None:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
