@@ -482,8 +482,6 @@ def _edit_candidates(situation: _Situation) -> Iterator[Candidate]:
                     # deleting the line: drop it together with its newline
                     rest = old_text.split("\n", 1)
                     new_text = rest[1] if len(rest) > 1 else ""
-                    if len(rest) == 1:
-                        continue
                 edit = EditFile(path, old_text, new_text)
                 in_failing = function is not None and function.name in situation.failure_identifiers
                 in_instruction = (
