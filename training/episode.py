@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from sandboxes import ExecResult, Sandbox, SandboxError, WorkspacePathError
@@ -166,6 +166,7 @@ def run_episode(
     reward: float | None = None
     partial_credit: float | None = None
     passed: bool | None = None
+    fixed_fraction: float | None = None
     flags: tuple[str, ...] = ()
     policy_version = policy.version
     snapshot_digest = ""
@@ -245,6 +246,10 @@ def run_episode(
                 partial_credit = float(partial) if partial is not None else None
                 passed_value = getattr(verdict, "passed", None)
                 passed = bool(passed_value) if passed_value is not None else reward >= 1.0
+                outcomes = getattr(verdict, "tests", None)
+                if isinstance(outcomes, Mapping) and task.fail_to_pass:
+                    fixed = sum(1 for test in task.fail_to_pass if outcomes.get(test) == "passed")
+                    fixed_fraction = fixed / len(task.fail_to_pass)
                 flags = tuple(
                     f"{getattr(flag, 'rule', flag)}:{getattr(flag, 'path', '')}"
                     for flag in getattr(verdict, "flags", ()) or ()
@@ -268,6 +273,7 @@ def run_episode(
         reward=reward,
         partial_credit=partial_credit,
         passed=passed,
+        fixed_fraction=fixed_fraction,
         flags=flags,
         error=error,
         seed=seed,

@@ -39,9 +39,9 @@ if TYPE_CHECKING:
 class GRPOConfig:
     """Hyper-parameters of the GRPO update."""
 
-    learning_rate: float = 0.03
+    learning_rate: float = 0.02
     """Adam step size. High for a network this small: it must learn within a few iterations."""
-    epochs: int = 4
+    epochs: int = 2
     """Passes over each batch (the ratio leaves 1 after the first; the clip bounds how far)."""
     minibatches: int = 2
     """Minibatches per epoch, split by trajectory (a trajectory's actions stay together)."""
@@ -57,10 +57,12 @@ class GRPOConfig:
     advantage_epsilon: float = 1e-6
     """Added to the std before dividing, and the variance below which a group counts as
     zero-variance."""
-    partial_credit_weight: float = 0.5
-    """The signal advantages are computed from is `reward + w * partial_credit` (share of the
-    expected tests that pass). Multi-bug tasks seldom reach reward 1 early in training; partial
-    credit still ranks a sample that fixed one bug above one that broke a passing test."""
+    fixed_tests_weight: float = 0.5
+    """The signal advantages are computed from is `reward + w * fixed_fraction` (share of the
+    task's fail-to-pass tests that pass). Multi-bug tasks seldom reach reward 1 early in
+    training; this ranks a sample that fixed one bug above one that fixed none. Not the
+    verifier's partial credit: that counts tests which passed all along, so it pays an untouched
+    workspace more than an honest attempt, and the policy learns to submit at once."""
     min_group_size: int = 2
     """Groups with fewer trainable samples than this are masked (no baseline to compare to)."""
     infra_failures: Literal["mask_group", "drop_samples"] = "mask_group"
@@ -121,7 +123,7 @@ class UpdateMetrics:
 def training_signal(trajectory: Trajectory, config: GRPOConfig) -> float:
     """What a trainable trajectory scored, for the group comparison."""
     assert trajectory.reward is not None
-    return trajectory.reward + config.partial_credit_weight * (trajectory.partial_credit or 0.0)
+    return trajectory.reward + config.fixed_tests_weight * (trajectory.fixed_fraction or 0.0)
 
 
 def group_advantages(

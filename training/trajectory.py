@@ -112,6 +112,9 @@ class Trajectory:
     """The verifier's reward; None when there is no verdict (error statuses)."""
     partial_credit: float | None = None
     passed: bool | None = None
+    fixed_fraction: float | None = None
+    """Share of the task's fail-to-pass tests that pass after the episode (0 for an untouched
+    workspace, unlike `partial_credit`, which counts the tests that passed all along)."""
     flags: tuple[str, ...] = ()
     """Reward-hack and guard flags the verifier raised."""
     error: str | None = None
