@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -696,14 +697,8 @@ class TrajectoryStore:
             if table is None:
                 datasets[name] = pads.dataset(spec.schema.empty_table())
                 continue
-            dataset = table.to_pyarrow_dataset(filesystem=self._filesystem(self.table_uri(name)))
-            if name == "steps" and hidden:
-                assert isinstance(dataset, pads.FileSystemDataset)
-                fragments = [f for f in dataset.get_fragments() if f.path not in hidden]
-                dataset = pads.FileSystemDataset(
-                    fragments, dataset.schema, dataset.format, dataset.filesystem
-                )
-            datasets[name] = dataset
+            filesystem = self._filesystem(self.table_uri(name))
+            datasets[name] = _snapshot_dataset(spec, table, filesystem, hidden)
         return datasets
 
     def connect(self) -> duckdb.DuckDBPyConnection:
@@ -833,6 +828,35 @@ def _cap_observations(steps: pa.Table) -> pa.Table:
         position = steps.schema.get_field_index("observation")
         steps = steps.set_column(position, steps.schema.field(position), capped)
     return steps
+
+
+def _snapshot_dataset(
+    spec: TableSpec, table: DeltaTable, filesystem: pafs.FileSystem, hidden: set[str]
+) -> pads.Dataset:
+    """The table's live files at the handle's version as an Arrow dataset, minus `hidden`.
+
+    Built from the log's add actions rather than `DeltaTable.to_pyarrow_dataset`, which spends
+    most of a query's fixed cost casting each file's partition values one by one.
+    """
+    if table.protocol().min_reader_version > 1:
+        # Newer reader features (deletion vectors, column mapping) need the library's reader.
+        return table.to_pyarrow_dataset(filesystem=filesystem)
+    actions = pa.table(table.get_add_actions(flatten=True))
+    parquet = pads.ParquetFileFormat()
+    partition_values = [actions[f"partition.{c}"].to_pylist() for c in spec.partition_by]
+    fragments = []
+    for index, path in enumerate(actions["path"].to_pylist()):
+        if path in hidden:
+            continue
+        condition = pads.scalar(True)
+        for column, values in zip(spec.partition_by, partition_values, strict=True):
+            condition = condition & (pads.field(column) == values[index])
+        fragments.append(
+            parquet.make_fragment(
+                unquote(path), filesystem=filesystem, partition_expression=condition
+            )
+        )
+    return pads.FileSystemDataset(fragments, spec.schema, parquet, filesystem)
 
 
 def _orphan_step_files(steps: DeltaTable, episodes: DeltaTable | None) -> set[str]:
