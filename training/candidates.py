@@ -384,8 +384,10 @@ def _line_mutations(line: str, local_names: tuple[str, ...]) -> Iterator[tuple[s
                 if not line[after:].startswith("not "):
                     yield "boolean", f"add 'not' after {string!r}", line[:after] + "not " + line[after:]
             elif string in local_names and (previous is None or previous.string != "."):
-                next_char = line[end : end + 1]
-                if next_char != "(":
+                after = line[end:].lstrip()
+                # only names that are read: not calls, not assignment targets, not parameters
+                is_target = after.startswith(("=", ",")) and not after.startswith("==")
+                if not after.startswith("(") and not is_target and not line.lstrip().startswith("def "):
                     for other in local_names:
                         if other != string:
                             yield "wrong_variable", f"{string!r}->{other!r}", replaced(other)
