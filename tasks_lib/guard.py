@@ -390,9 +390,11 @@ def _findings(source: bytes) -> collections.Counter[tuple[str, str]]:
             if name in ("SkipTest", "unittest.SkipTest"):
                 found["skip_marker", name] += 1
         elif isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign | ast.Delete):
-            targets = node.targets if isinstance(node, ast.Assign | ast.Delete) else [node.target]
-            for target in targets:
-                for sub in ast.walk(target):
+            targets: list[ast.expr] = (
+                node.targets if isinstance(node, ast.Assign | ast.Delete) else [node.target]
+            )
+            for assigned in targets:
+                for sub in ast.walk(assigned):
                     name = _dotted(sub)
                     if _is_builtins_target(name):
                         found["builtins_or_sys_modules", f"assignment to {name}"] += 1

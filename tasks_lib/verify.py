@@ -239,8 +239,8 @@ class _Run:
             self.flag(
                 "missing_report", f"{self.report_dir}/junit.xml", f"unreadable report: {error}"
             )
-            tests = {test_id: "missing" for test_id in expected}
-            return self.result("ok", 0.0, tests, f"report unreadable: {error}", 0.0)
+            unread: dict[str, Outcome] = {test_id: "missing" for test_id in expected}
+            return self.result("ok", 0.0, unread, f"report unreadable: {error}", 0.0)
         if executed.exit_code in (EXIT_INTERNAL, EXIT_USAGE) and not self._tampered():
             return self.result(
                 "verifier_error",
