@@ -119,8 +119,13 @@ def run_seed(seed: int, args: argparse.Namespace, work_dir: Path) -> dict[str, f
         started = time.monotonic()
         batch_tasks = rng.sample(train, args.tasks_per_iteration)
         batch = run_groups(
-            batch_tasks, policy, run_id=f"learn-{seed}", iteration=iteration,
-            group_size=args.group_size, config=config, workers=args.workers,
+            batch_tasks,
+            policy,
+            run_id=f"learn-{seed}",
+            iteration=iteration,
+            group_size=args.group_size,
+            config=config,
+            workers=args.workers,
         )
         metrics = trainer.update(batch)
         rewards.append(mean_reward(batch))
@@ -135,8 +140,13 @@ def run_seed(seed: int, args: argparse.Namespace, work_dir: Path) -> dict[str, f
     evaluations = {}
     for name, candidate in (("untrained", untrained), ("trained", policy)):
         evaluation = run_groups(
-            heldout, candidate, run_id=f"heldout-{seed}-{name}", iteration=0,
-            group_size=args.eval_samples, config=config, workers=args.workers,
+            heldout,
+            candidate,
+            run_id=f"heldout-{seed}-{name}",
+            iteration=0,
+            group_size=args.eval_samples,
+            config=config,
+            workers=args.workers,
         )
         evaluations[name] = evaluation
     return {
@@ -171,7 +181,9 @@ def main() -> None:
             results.append(run_seed(seed, args, Path(work)))
 
     print()
-    print("| seed | reward, iteration 1 | reward, last 3 | gain | held-out pass, untrained | held-out pass, trained |")
+    print(
+        "| seed | reward, iteration 1 | reward, last 3 | gain | held-out pass, untrained | held-out pass, trained |"
+    )
     print("|---:|---:|---:|---:|---:|---:|")
     for seed, result in zip(args.seeds, results, strict=True):
         print(

@@ -1,10 +1,10 @@
 """Policies, the episode runner, the GRPO trainer, a Gymnasium environment and batch export.
 
-    from training import CandidateScorerPolicy, EpisodeKey, GRPOTrainer, run_episode
-    policy = CandidateScorerPolicy()
-    with open_sandbox(task.snapshot_dir, limits=task.limits) as sandbox:
-        trajectory = run_episode(task, policy, sandbox, key=EpisodeKey("run-1", iteration=0))
-    metrics = GRPOTrainer(policy).update([trajectory, ...])
+from training import CandidateScorerPolicy, EpisodeKey, GRPOTrainer, run_episode
+policy = CandidateScorerPolicy()
+with open_sandbox(task.snapshot_dir, limits=task.limits) as sandbox:
+    trajectory = run_episode(task, policy, sandbox, key=EpisodeKey("run-1", iteration=0))
+metrics = GRPOTrainer(policy).update([trajectory, ...])
 """
 
 from training.actions import (
@@ -20,7 +20,13 @@ from training.actions import (
     action_to_json,
     history_messages,
 )
-from training.episode import EpisodeConfig, Verifier, apply_action, run_episode, verify_agent_sandbox
+from training.episode import (
+    EpisodeConfig,
+    Verifier,
+    apply_action,
+    run_episode,
+    verify_agent_sandbox,
+)
 from training.errors import (
     ActionParseError,
     EnvLifecycleError,

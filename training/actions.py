@@ -129,9 +129,7 @@ def action_from_tool_call(name: str, arguments: str | dict[str, Any]) -> Action:
     def field(key: str) -> str:
         value = parsed.get(key)
         if not isinstance(value, str):
-            raise ActionParseError(
-                f"tool {name!r} needs a string argument {key!r}; got {value!r}"
-            )
+            raise ActionParseError(f"tool {name!r} needs a string argument {key!r}; got {value!r}")
         return value
 
     if name == "run_command":

@@ -109,7 +109,9 @@ _TRACEBACK_LOCATION = re.compile(
 _IDENTIFIER = re.compile(r"\b[A-Za-z_]\w*\b")
 _ASSERT_NUMBERS = re.compile(r"assert (-?\d+(?:\.\d+)?) == (-?\d+(?:\.\d+)?)")
 _ASSERT_BOOLS = re.compile(r"assert (True|False) == (True|False)|assert (?:not )?(True|False)\b")
-_BACKTICKED_PYTEST = re.compile(r"`([^`\n]*pytest[^`\n]*)`|^(?: {4}|\t)(\S*python\S* -m pytest[^\n]*)$", re.MULTILINE)
+_BACKTICKED_PYTEST = re.compile(
+    r"`([^`\n]*pytest[^`\n]*)`|^(?: {4}|\t)(\S*python\S* -m pytest[^\n]*)$", re.MULTILINE
+)
 _FAILED_TEST_FILE = re.compile(r"(?:FAILED |^)(?:[\w.-]+/)*test_(\w+)\.py(?:::|:\d+)", re.MULTILINE)
 
 _COMPARISON_SWAPS = {
@@ -382,19 +384,38 @@ def _line_mutations(line: str, local_names: tuple[str, ...]) -> Iterator[tuple[s
             elif string in ("if", "while", "return") and line[end : end + 1] == " ":
                 after = end + 1
                 if not line[after:].startswith("not "):
-                    yield "boolean", f"add 'not' after {string!r}", line[:after] + "not " + line[after:]
+                    yield (
+                        "boolean",
+                        f"add 'not' after {string!r}",
+                        line[:after] + "not " + line[after:],
+                    )
             elif string in local_names and (previous is None or previous.string != "."):
-                after = line[end:].lstrip()
+                rest_of_line = line[end:].lstrip()
                 # only names that are read: not calls, not assignment targets, not parameters
-                is_target = after.startswith(("=", ",")) and not after.startswith("==")
-                if not after.startswith("(") and not is_target and not line.lstrip().startswith("def "):
+                is_target = rest_of_line.startswith(("=", ",")) and not rest_of_line.startswith(
+                    "=="
+                )
+                if (
+                    not rest_of_line.startswith("(")
+                    and not is_target
+                    and not line.lstrip().startswith("def ")
+                ):
                     for other in local_names:
                         if other != string:
                             yield "wrong_variable", f"{string!r}->{other!r}", replaced(other)
-        elif token.type == tokenize.OP and string == "(" and not (
-            previous is not None
-            and (previous.type == tokenize.NAME and previous.string not in _KEYWORDS_BEFORE_PAREN
-                 or previous.string in (")", "]"))
+        elif (
+            token.type == tokenize.OP
+            and string == "("
+            and not (
+                previous is not None
+                and (
+                    (
+                        previous.type == tokenize.NAME
+                        and previous.string not in _KEYWORDS_BEFORE_PAREN
+                    )
+                    or previous.string in (")", "]")
+                )
+            )
         ):
             # a bare parenthesized expression may have lost the call around it
             for call in _WRAPPING_CALLS:
@@ -406,7 +427,9 @@ def _line_mutations(line: str, local_names: tuple[str, ...]) -> Iterator[tuple[s
         yield "delete_line", "delete line", ""
 
 
-_KEYWORDS_BEFORE_PAREN = frozenset({"return", "in", "and", "or", "not", "if", "elif", "while", "yield", "else", "for"})
+_KEYWORDS_BEFORE_PAREN = frozenset(
+    {"return", "in", "and", "or", "not", "if", "elif", "while", "yield", "else", "for"}
+)
 
 
 def _return_mutations(line: str) -> Iterator[tuple[str, str, str]]:
@@ -428,7 +451,11 @@ def _return_mutations(line: str) -> Iterator[tuple[str, str, str]]:
         for call in _WRAPPING_CALLS:
             yield "missing_call", f"return {call}(...)", f"{indent}return {call}({expression})"
         for method in _WRAPPING_METHODS:
-            yield "missing_call", f"return ....{method}()", f"{indent}return {expression}.{method}()"
+            yield (
+                "missing_call",
+                f"return ....{method}()",
+                f"{indent}return {expression}.{method}()",
+            )
     elif isinstance(value, ast.BinOp) and isinstance(value.op, _SWAPPABLE_RETURN_OPS):
         swapped = ast.BinOp(value.right, value.op, value.left)
         yield "return_value", "swap operands", f"{indent}return {ast.unparse(swapped)}"
@@ -557,7 +584,8 @@ def propose_candidates(history: History) -> list[Candidate]:
                     read_test_file=float(is_test_path(path)),
                     read_source_of_failing_test=float(
                         not is_test_path(path)
-                        and path.rsplit("/", 1)[-1].removesuffix(".py") in situation.failing_test_stems
+                        and path.rsplit("/", 1)[-1].removesuffix(".py")
+                        in situation.failing_test_stems
                     ),
                     read_before_tests_run=float(not situation.tests_run),
                 ),

@@ -17,7 +17,14 @@ import httpx
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from training.actions import TOOL_NAMES, Action, History, Submit, action_from_tool_call, history_messages
+from training.actions import (
+    TOOL_NAMES,
+    Action,
+    History,
+    Submit,
+    action_from_tool_call,
+    history_messages,
+)
 from training.errors import ActionParseError, PolicyError, PolicyServerError
 from training.policy import ChatRecord, Decision, Policy
 
@@ -93,10 +100,16 @@ class ChatPolicySettings(BaseSettings):
         description="Endpoint root; `/chat/completions` is appended.",
     )
     model: str = Field(default="default", description="Model name the server serves.")
-    api_key: SecretStr | None = Field(default=None, description="Bearer token, if the server wants one.")
+    api_key: SecretStr | None = Field(
+        default=None, description="Bearer token, if the server wants one."
+    )
     timeout_s: float = Field(default=120.0, gt=0, description="Per-request timeout.")
-    max_retries: int = Field(default=3, ge=0, description="Retries on connection errors, timeouts, 429 and 5xx.")
-    retry_backoff_s: float = Field(default=0.5, ge=0, description="First retry delay; doubles each retry.")
+    max_retries: int = Field(
+        default=3, ge=0, description="Retries on connection errors, timeouts, 429 and 5xx."
+    )
+    retry_backoff_s: float = Field(
+        default=0.5, ge=0, description="First retry delay; doubles each retry."
+    )
     temperature: float = Field(default=1.0, ge=0)
     max_tokens: int = Field(default=1024, gt=0, description="Completion tokens per step.")
     logprobs: bool = Field(default=True, description="Ask for token log-probabilities.")
@@ -217,7 +230,9 @@ class ChatPolicy(Policy):
                     str(function.get("name")), function.get("arguments") or "{}"
                 )
             except ActionParseError as error:
-                raise PolicyError(f"model {self.settings.model} made an unusable tool call: {error}") from error
+                raise PolicyError(
+                    f"model {self.settings.model} made an unusable tool call: {error}"
+                ) from error
         else:
             action = Submit()
         record = _chat_record(self.settings.model, payload, choice, message)

@@ -17,7 +17,6 @@ from typing import Protocol
 
 from sandboxes import ExecResult, Sandbox, SandboxError, WorkspacePathError
 from tasks_lib.model import Task
-
 from training.actions import (
     Action,
     EditFile,
@@ -126,7 +125,9 @@ def apply_action(
             if count != 1:
                 reason = "does not occur" if count == 0 else f"occurs {count} times"
                 hint = "read the file again" if count == 0 else "include more surrounding lines"
-                return Observation(f"edit not applied: old_text {reason} in {path}; {hint}", 1), False
+                return Observation(
+                    f"edit not applied: old_text {reason} in {path}; {hint}", 1
+                ), False
             try:
                 sandbox.write_file(path, content.replace(old_text, new_text, 1))
             except WorkspacePathError as error:

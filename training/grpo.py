@@ -212,7 +212,9 @@ class GRPOTrainer:
         """Calls of `update` that changed the policy."""
         self._random = random.Random(self.config.seed)
 
-    def _samples(self, trajectories: Sequence[Trajectory], advantages: dict[str, float]) -> list[_Sample]:
+    def _samples(
+        self, trajectories: Sequence[Trajectory], advantages: dict[str, float]
+    ) -> list[_Sample]:
         samples = []
         for trajectory in trajectories:
             advantage = advantages.get(trajectory.episode_id)
@@ -259,7 +261,7 @@ class GRPOTrainer:
                     entropy = entropies.mean()
                     loss = policy_loss - config.entropy_coef * entropy
                     self.optimizer.zero_grad()
-                    loss.backward()
+                    loss.backward()  # type: ignore[no-untyped-call]
                     grad_norm = torch.nn.utils.clip_grad_norm_(
                         self.policy.network.parameters(), config.max_grad_norm
                     )

@@ -14,10 +14,10 @@ from typing import Any
 
 import gymnasium as gym
 from gymnasium import spaces
+
 from sandboxes import Sandbox, SandboxError, open_sandbox
 from tasks_lib.model import Task
-
-from training.actions import Submit, action_from_json, cap_text
+from training.actions import Action, Submit, action_from_json, cap_text
 from training.episode import EpisodeConfig, Verifier, apply_action, verify_agent_sandbox
 from training.errors import ActionParseError, EnvLifecycleError
 
@@ -62,8 +62,11 @@ class RollyardEnv(gym.Env[str, str]):
         self.verifier = verifier or verify_agent_sandbox
         self._sandbox = sandbox
         self._owns_sandbox = sandbox is None
+        self._observation_max_chars = (
+            max(self.config.observation_max_chars, len(task.instruction)) + 64
+        )
         self.observation_space = spaces.Text(
-            max_length=max(self.config.observation_max_chars, len(task.instruction)) + 64,
+            max_length=self._observation_max_chars,
             min_length=0,
             charset=TEXT_CHARSET,
         )
@@ -80,7 +83,7 @@ class RollyardEnv(gym.Env[str, str]):
         return self._sandbox
 
     def _observation(self, text: str) -> str:
-        capped, _ = cap_text(_to_charset(text), self.observation_space.max_length)
+        capped, _ = cap_text(_to_charset(text), self._observation_max_chars)
         return capped
 
     def reset(
@@ -106,6 +109,8 @@ class RollyardEnv(gym.Env[str, str]):
         sandbox = self._open()
         self._step_count += 1
         info: dict[str, Any] = {"task_id": self.task.id, "step": self._step_count}
+        parsed: Action | None
+        exit_code: int | None
         try:
             parsed = action_from_json(action)
         except ActionParseError as error:
@@ -126,11 +131,14 @@ class RollyardEnv(gym.Env[str, str]):
             self._needs_reset = True
             try:
                 verdict = self.verifier(self.task, sandbox)
-            except (SandboxError, Exception) as error:  # a crash is reported, never scored 0 silently
+            except (
+                SandboxError,
+                Exception,
+            ) as error:  # a crash is reported, never scored 0 silently
                 info["status"] = "verifier_error"
                 info["error"] = f"{type(error).__name__}: {error}"
             else:
-                reward = float(verdict.reward)
+                reward = float(verdict.reward or 0.0)
                 info["status"] = str(verdict.status)
         return self._observation(text), reward, terminated, truncated, info
 

@@ -89,4 +89,3 @@ class ScriptedPolicy(Policy):
         if history.step_count < len(self.actions):
             return Decision(self.actions[history.step_count])
         return Decision(Submit())
-

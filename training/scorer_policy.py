@@ -52,7 +52,8 @@ class CandidateScorer(nn.Module):
         nn.init.zeros_(self.out.bias)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        return self.out(torch.tanh(self.hidden(features))).squeeze(-1)
+        logits: torch.Tensor = self.out(torch.tanh(self.hidden(features))).squeeze(-1)
+        return logits
 
 
 class CandidateScorerPolicy(Policy):
@@ -185,7 +186,9 @@ class CandidateScorerPolicy(Policy):
         return buffer.getvalue()
 
     @classmethod
-    def from_bytes(cls, data: bytes, *, seed: int = 0, **config_changes: Any) -> CandidateScorerPolicy:
+    def from_bytes(
+        cls, data: bytes, *, seed: int = 0, **config_changes: Any
+    ) -> CandidateScorerPolicy:
         state = torch.load(io.BytesIO(data), weights_only=True)
         return cls.from_state_dict(state, seed=seed, **config_changes)
 

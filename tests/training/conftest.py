@@ -45,9 +45,13 @@ def write_task(root: Path, source: str = BUGGY_SOURCE) -> Path:
     (workspace / "tests").mkdir(parents=True)
     (workspace / "calc.py").write_text(source)
     (workspace / "tests" / "test_calc.py").write_text(TESTS)
-    (root / "environment" / "Dockerfile").write_text("FROM python:3.11-slim\nCOPY workspace /workspace\n")
+    (root / "environment" / "Dockerfile").write_text(
+        "FROM python:3.11-slim\nCOPY workspace /workspace\n"
+    )
     (root / "tests").mkdir()
-    (root / "tests" / "test.sh").write_text("#!/bin/sh\ncd /workspace && python -m pytest -q tests\n")
+    (root / "tests" / "test.sh").write_text(
+        "#!/bin/sh\ncd /workspace && python -m pytest -q tests\n"
+    )
     (root / "instruction.md").write_text(
         "The function `clamp` in `calc.py` is wrong. Fix it; run `python -m pytest tests`.\n"
     )

@@ -18,7 +18,9 @@ from training.actions import (
 )
 from training.candidates import FEATURE_COUNT, FEATURE_NAMES, find_test_command, propose_candidates
 
-SOURCE = "def clamp(value, low, high):\n    if value > high:\n        return value\n    return value\n"
+SOURCE = (
+    "def clamp(value, low, high):\n    if value > high:\n        return value\n    return value\n"
+)
 OUTPUT = (
     "    def test_clamp():\n>       assert clamp(9, 0, 5) == 5\nE       assert 9 == 5\n\n"
     "tests/test_calc.py:4: AssertionError\nFAILED tests/test_calc.py::test_clamp - assert 9 == 5\n"
@@ -59,7 +61,9 @@ def test_candidates_follow_the_failure_and_include_implausible_edits() -> None:
     assert candidates == propose_candidates(history)  # deterministic
     assert all(len(c.features) == FEATURE_COUNT for c in candidates)
     edits = {c.label.split(" ", 2)[2]: c for c in candidates if c.label.startswith("edit ")}
-    fix = next(c for label, c in edits.items() if "'value'->'high'" in label and "calc.py:3" in c.label)
+    fix = next(
+        c for label, c in edits.items() if "'value'->'high'" in label and "calc.py:3" in c.label
+    )
     assert _feature(fix, "edit_in_failing_function") == 1.0
     kinds = {label.split()[0] for label in edits}
     assert {"comparison", "wrong_variable", "delete_line"} <= kinds
@@ -78,6 +82,9 @@ def test_candidates_follow_the_failure_and_include_implausible_edits() -> None:
 
 
 def test_test_command_is_read_from_the_instruction() -> None:
-    assert find_test_command("Run it with:\n\n    python -m pytest tests\n") == "python -m pytest tests"
+    assert (
+        find_test_command("Run it with:\n\n    python -m pytest tests\n")
+        == "python -m pytest tests"
+    )
     assert find_test_command("run `pytest -q tests/unit`") == "pytest -q tests/unit"
     assert find_test_command("no command here") == "python -m pytest -q"

@@ -65,14 +65,20 @@ class StandInServer:
         self.httpd.server_close()
 
 
-def completion(tool: str | None, arguments: dict[str, Any] | str | None = None, *, logprobs: bool = True) -> dict[str, Any]:
+def completion(
+    tool: str | None, arguments: dict[str, Any] | str | None = None, *, logprobs: bool = True
+) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": None if tool else "All done."}
     if tool:
         args = arguments if isinstance(arguments, str) else json.dumps(arguments or {})
         message["tool_calls"] = [
             {"id": "call_9", "type": "function", "function": {"name": tool, "arguments": args}}
         ]
-    choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": "tool_calls" if tool else "stop"}
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": message,
+        "finish_reason": "tool_calls" if tool else "stop",
+    }
     if logprobs:
         choice["logprobs"] = {
             "content": [
@@ -80,8 +86,13 @@ def completion(tool: str | None, arguments: dict[str, Any] | str | None = None, 
                 {"token": "token_id:12", "logprob": -0.25, "bytes": None, "top_logprobs": []},
             ]
         }
-    return {"id": "cmpl-1", "object": "chat.completion", "model": "served-model", "choices": [choice],
-            "prompt_token_ids": [1, 2, 3]}
+    return {
+        "id": "cmpl-1",
+        "object": "chat.completion",
+        "model": "served-model",
+        "choices": [choice],
+        "prompt_token_ids": [1, 2, 3],
+    }
 
 
 @pytest.fixture
@@ -92,8 +103,13 @@ def server() -> Iterator[StandInServer]:
 
 
 def settings(server: StandInServer, **changes: Any) -> ChatPolicySettings:
-    values: dict[str, Any] = {"base_url": server.base_url, "model": "served-model", "api_key": "k-123",
-                              "retry_backoff_s": 0.01, "timeout_s": 2.0}
+    values: dict[str, Any] = {
+        "base_url": server.base_url,
+        "model": "served-model",
+        "api_key": "k-123",
+        "retry_backoff_s": 0.01,
+        "timeout_s": 2.0,
+    }
     values.update(changes)
     return ChatPolicySettings(**values)
 
@@ -115,9 +131,14 @@ def test_tool_call_becomes_the_action_with_tokens_and_logprobs(server: StandInSe
     assert record.finish_reason == "tool_calls" and record.model == "served-model"
 
     request = server.requests[0]
-    assert request["model"] == "served-model" and request["logprobs"] is True and request["seed"] == 7
+    assert (
+        request["model"] == "served-model" and request["logprobs"] is True and request["seed"] == 7
+    )
     assert [tool["function"]["name"] for tool in request["tools"]] == [
-        "run_command", "read_file", "edit_file", "submit"
+        "run_command",
+        "read_file",
+        "edit_file",
+        "submit",
     ]
     roles = [message["role"] for message in request["messages"]]
     assert roles == ["system", "user", "assistant", "tool"]
@@ -126,7 +147,9 @@ def test_tool_call_becomes_the_action_with_tokens_and_logprobs(server: StandInSe
     policy.close()
 
 
-def test_settings_come_from_the_environment(server: StandInServer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_settings_come_from_the_environment(
+    server: StandInServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("ROLLYARD_CHAT_BASE_URL", server.base_url)
     monkeypatch.setenv("ROLLYARD_CHAT_MODEL", "env-model")
     server.script.append((200, completion("submit", logprobs=False), 0))

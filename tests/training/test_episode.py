@@ -61,8 +61,12 @@ def sandbox(bug_task: Task) -> Iterator[Sandbox]:
         yield opened
 
 
-def test_scripted_fix_is_verified_and_stored(bug_task: Task, sandbox: Sandbox, tmp_path: Path) -> None:
-    policy = ScriptedPolicy([RunCommand("python -m pytest -q tests"), ReadFile("calc.py"), FIX, Submit()])
+def test_scripted_fix_is_verified_and_stored(
+    bug_task: Task, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    policy = ScriptedPolicy(
+        [RunCommand("python -m pytest -q tests"), ReadFile("calc.py"), FIX, Submit()]
+    )
     key = EpisodeKey("run-a", 3, group_index=1, sample_index=2)
     trajectory = run_episode(bug_task, policy, sandbox, key=key)
 
@@ -80,7 +84,9 @@ def test_scripted_fix_is_verified_and_stored(bug_task: Task, sandbox: Sandbox, t
 
     store = TrajectoryStore(tmp_path / "store")
     store.commit_iteration_shard(
-        "run-a", 3, 0,
+        "run-a",
+        3,
+        0,
         episodes=[trajectory.to_episode_record()],
         steps=trajectory.to_step_records(),
     )
@@ -91,11 +97,17 @@ def test_scripted_fix_is_verified_and_stored(bug_task: Task, sandbox: Sandbox, t
     assert store.read_steps("run-a", 3).num_rows == 4
 
 
-def test_step_budget_truncates_and_the_workspace_is_still_verified(bug_task: Task, sandbox: Sandbox) -> None:
+def test_step_budget_truncates_and_the_workspace_is_still_verified(
+    bug_task: Task, sandbox: Sandbox
+) -> None:
     policy = ScriptedPolicy([FIX, ReadFile("calc.py"), ReadFile("calc.py")])
     trajectory = run_episode(
-        bug_task, policy, sandbox, key=EpisodeKey("r", 0),
-        config=EpisodeConfig(max_steps=2), verifier=fixed_file_verifier,
+        bug_task,
+        policy,
+        sandbox,
+        key=EpisodeKey("r", 0),
+        config=EpisodeConfig(max_steps=2),
+        verifier=fixed_file_verifier,
     )
     assert trajectory.status is EpisodeStatus.OK
     assert trajectory.truncated and not trajectory.terminated
@@ -105,8 +117,12 @@ def test_step_budget_truncates_and_the_workspace_is_still_verified(bug_task: Tas
 def test_episode_budget_ends_in_timeout_with_a_verdict(bug_task: Task, sandbox: Sandbox) -> None:
     policy = ScriptedPolicy([RunCommand("sleep 5"), RunCommand("sleep 5")])
     trajectory = run_episode(
-        bug_task, policy, sandbox, key=EpisodeKey("r", 0),
-        config=EpisodeConfig(episode_timeout_s=0.8), verifier=fixed_file_verifier,
+        bug_task,
+        policy,
+        sandbox,
+        key=EpisodeKey("r", 0),
+        config=EpisodeConfig(episode_timeout_s=0.8),
+        verifier=fixed_file_verifier,
     )
     assert trajectory.status is EpisodeStatus.TIMEOUT and trajectory.truncated
     assert trajectory.steps[0].timed_out and trajectory.wall_s < 4
@@ -114,14 +130,18 @@ def test_episode_budget_ends_in_timeout_with_a_verdict(bug_task: Task, sandbox: 
 
 
 def test_agent_mistakes_are_observations_not_errors(bug_task: Task, sandbox: Sandbox) -> None:
-    policy = ScriptedPolicy([
-        ReadFile("missing.py"),
-        ReadFile("../../etc/passwd"),
-        EditFile("calc.py", "return value", "return high"),  # occurs twice
-        EditFile("calc.py", "not there", "x"),
-        RunCommand("exit 3"),
-    ])
-    trajectory = run_episode(bug_task, policy, sandbox, key=EpisodeKey("r", 0), verifier=fixed_file_verifier)
+    policy = ScriptedPolicy(
+        [
+            ReadFile("missing.py"),
+            ReadFile("../../etc/passwd"),
+            EditFile("calc.py", "return value", "return high"),  # occurs twice
+            EditFile("calc.py", "not there", "x"),
+            RunCommand("exit 3"),
+        ]
+    )
+    trajectory = run_episode(
+        bug_task, policy, sandbox, key=EpisodeKey("r", 0), verifier=fixed_file_verifier
+    )
     assert trajectory.status is EpisodeStatus.OK
     codes = [s.observation.exit_code for s in trajectory.steps]
     assert codes == [1, 1, 1, 1, 3, 0]
@@ -132,8 +152,12 @@ def test_agent_mistakes_are_observations_not_errors(bug_task: Task, sandbox: San
 def test_long_output_is_capped_head_and_tail(bug_task: Task, sandbox: Sandbox) -> None:
     policy = ScriptedPolicy([RunCommand("seq 1 20000")])
     trajectory = run_episode(
-        bug_task, policy, sandbox, key=EpisodeKey("r", 0),
-        config=EpisodeConfig(observation_max_chars=500), verifier=fixed_file_verifier,
+        bug_task,
+        policy,
+        sandbox,
+        key=EpisodeKey("r", 0),
+        config=EpisodeConfig(observation_max_chars=500),
+        verifier=fixed_file_verifier,
     )
     observation = trajectory.steps[0].observation
     assert observation.truncated and len(observation.text) <= 500
@@ -152,14 +176,19 @@ def test_verifier_statuses_carry_no_reward(
     bug_task: Task, sandbox: Sandbox, verdict: Verdict, status: EpisodeStatus
 ) -> None:
     trajectory = run_episode(
-        bug_task, ScriptedPolicy([]), sandbox, key=EpisodeKey("r", 0),
+        bug_task,
+        ScriptedPolicy([]),
+        sandbox,
+        key=EpisodeKey("r", 0),
         verifier=lambda task, sb: verdict,
     )
     assert trajectory.status is status and trajectory.reward is None
     assert verdict.detail in (trajectory.error or "") and not trajectory.trainable
 
 
-def test_failures_of_policy_verifier_and_sandbox_are_statuses(bug_task: Task, sandbox: Sandbox) -> None:
+def test_failures_of_policy_verifier_and_sandbox_are_statuses(
+    bug_task: Task, sandbox: Sandbox
+) -> None:
     key = EpisodeKey("r", 0)
     failed = run_episode(bug_task, FailingPolicy(1), sandbox, key=key, verifier=fixed_file_verifier)
     assert failed.status is EpisodeStatus.POLICY_ERROR and len(failed.steps) == 1
@@ -169,10 +198,14 @@ def test_failures_of_policy_verifier_and_sandbox_are_statuses(bug_task: Task, sa
         raise RuntimeError("verifier bug")
 
     crashed = run_episode(bug_task, ScriptedPolicy([]), sandbox, key=key, verifier=crashing)
-    assert crashed.status is EpisodeStatus.VERIFIER_ERROR and "verifier bug" in (crashed.error or "")
+    assert crashed.status is EpisodeStatus.VERIFIER_ERROR and "verifier bug" in (
+        crashed.error or ""
+    )
 
     sandbox.close()
-    broken = run_episode(bug_task, ScriptedPolicy([]), sandbox, key=key, verifier=fixed_file_verifier)
+    broken = run_episode(
+        bug_task, ScriptedPolicy([]), sandbox, key=key, verifier=fixed_file_verifier
+    )
     assert broken.status is EpisodeStatus.INFRA_ERROR and broken.steps == ()
 
 
@@ -180,8 +213,14 @@ def test_scorer_policy_episodes_feed_a_grpo_update(bug_task: Task, sandbox: Sand
     policy = CandidateScorerPolicy(seed=0)
     config = EpisodeConfig(max_steps=6)
     batch = [
-        run_episode(bug_task, policy, sandbox, key=EpisodeKey("r", 0, sample_index=i),
-                    config=config, verifier=fixed_file_verifier)
+        run_episode(
+            bug_task,
+            policy,
+            sandbox,
+            key=EpisodeKey("r", 0, sample_index=i),
+            config=config,
+            verifier=fixed_file_verifier,
+        )
         for i in range(4)
     ]
     for trajectory in batch:
@@ -191,8 +230,14 @@ def test_scorer_policy_episodes_feed_a_grpo_update(bug_task: Task, sandbox: Sand
             assert isinstance(step.record, ScorerRecord) and step.logprob is not None
             assert step.logprob <= 0.0
     # same key, same seed: the same episode
-    again = run_episode(bug_task, policy, sandbox, key=EpisodeKey("r", 0, sample_index=0),
-                        config=config, verifier=fixed_file_verifier)
+    again = run_episode(
+        bug_task,
+        policy,
+        sandbox,
+        key=EpisodeKey("r", 0, sample_index=0),
+        config=config,
+        verifier=fixed_file_verifier,
+    )
     assert [s.action for s in again.steps] == [s.action for s in batch[0].steps]
 
     metrics = GRPOTrainer(policy).update(batch)

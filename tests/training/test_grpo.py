@@ -108,7 +108,10 @@ def test_infra_failures_mask_their_group_or_drop_their_samples() -> None:
     assert batch[2].episode_id not in dropped and batch[0].episode_id in dropped
 
     # a group left with one trainable sample has no baseline
-    small = [make_trajectory(0, 0, 1.0), make_trajectory(0, 1, None, status=EpisodeStatus.VERIFIER_ERROR)]
+    small = [
+        make_trajectory(0, 0, 1.0),
+        make_trajectory(0, 1, None, status=EpisodeStatus.VERIFIER_ERROR),
+    ]
     advantages, stats = group_advantages(small, GRPOConfig(infra_failures="drop_samples"))
     assert advantages == {} and stats.groups_too_small == 1
 
@@ -149,7 +152,9 @@ def _toy_candidates(rng: random.Random) -> list[Candidate]:
     return candidates
 
 
-def _toy_batch(policy: CandidateScorerPolicy, iteration: int, rng: random.Random) -> list[Trajectory]:
+def _toy_batch(
+    policy: CandidateScorerPolicy, iteration: int, rng: random.Random
+) -> list[Trajectory]:
     batch = []
     for group in range(6):
         candidates = _toy_candidates(rng)
@@ -158,8 +163,15 @@ def _toy_batch(policy: CandidateScorerPolicy, iteration: int, rng: random.Random
             assert isinstance(decision.record, ScorerRecord)
             chosen = candidates[decision.record.chosen_index]
             reward = chosen.features[_GOOD]
-            step = Step(0, decision.action, Observation("ok", 0), 0.0, 0.0,
-                        logprob=decision.logprob, record=decision.record)
+            step = Step(
+                0,
+                decision.action,
+                Observation("ok", 0),
+                0.0,
+                0.0,
+                logprob=decision.logprob,
+                record=decision.record,
+            )
             batch.append(make_trajectory(group, sample, reward, steps=(step,), iteration=iteration))
     return batch
 
@@ -212,7 +224,10 @@ def test_policy_and_trainer_round_trip_through_pickle_bytes_and_the_store(tmp_pa
     assert resumed.policy.version == policy.version and resumed.updates == 1
     before = [p.clone() for p in resumed.policy.network.parameters()]
     resumed.update(_toy_batch(resumed.policy, 1, random.Random(4)))
-    assert any(not torch.equal(a, b) for a, b in zip(before, resumed.policy.network.parameters()))
+    assert any(
+        not torch.equal(a, b)
+        for a, b in zip(before, resumed.policy.network.parameters(), strict=True)
+    )
 
 
 def test_trainer_refuses_trajectories_without_scorer_records() -> None:

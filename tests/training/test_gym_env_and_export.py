@@ -20,7 +20,11 @@ from training.gym_env import RollyardEnv
 from training.policy import ChatRecord
 from training.trajectory import EpisodeStatus, Step, Trajectory
 
-FIX = EditFile("calc.py", "    if value >= high:\n        return value", "    if value > high:\n        return high")
+FIX = EditFile(
+    "calc.py",
+    "    if value >= high:\n        return value",
+    "    if value > high:\n        return high",
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -52,7 +56,9 @@ def test_env_episode_with_text_actions(bug_task: Task) -> None:
     observation, reward, terminated, truncated, info = env.step("not json")
     assert observation.startswith("invalid action") and reward == 0.0 and not terminated
 
-    observation, reward, terminated, truncated, info = env.step(action_to_json(RunCommand("cat calc.py")))
+    observation, reward, terminated, truncated, info = env.step(
+        action_to_json(RunCommand("cat calc.py"))
+    )
     assert "def clamp" in observation and info["exit_code"] == 0
 
     env.step(action_to_json(FIX))
@@ -71,21 +77,43 @@ def test_env_episode_with_text_actions(bug_task: Task) -> None:
         env.reset()
 
 
-def _trajectory(sample: int, reward: float | None, status: EpisodeStatus = EpisodeStatus.OK) -> Trajectory:
+def _trajectory(
+    sample: int, reward: float | None, status: EpisodeStatus = EpisodeStatus.OK
+) -> Trajectory:
     from training.actions import Observation
     from training.trajectory import EpisodeKey
 
     key = EpisodeKey("run", 2, group_index=0, sample_index=sample)
     record = ChatRecord("served", (5, 6), ("a", "b"), (-0.1, -0.2))
     steps = (
-        Step(0, RunCommand("pytest -q"), Observation("1 failed", 1), 0.5, 0.1, logprob=-0.3, record=record),
+        Step(
+            0,
+            RunCommand("pytest -q"),
+            Observation("1 failed", 1),
+            0.5,
+            0.1,
+            logprob=-0.3,
+            record=record,
+        ),
         Step(1, FIX, Observation("edited calc.py", 0), 0.01, 0.1, logprob=-0.2, record=record),
     )
     return Trajectory(
-        episode_id=key.episode_id("calc"), group_id=key.group_id("calc"), key=key, task_id="calc",
-        task_version="1", instruction="Fix calc.py", snapshot_digest="sha256:x", sandbox_backend="bwrap",
-        policy_version="chat:served", status=status, steps=steps, terminated=True, truncated=False,
-        reward=reward, partial_credit=reward, passed=reward == 1.0,
+        episode_id=key.episode_id("calc"),
+        group_id=key.group_id("calc"),
+        key=key,
+        task_id="calc",
+        task_version="1",
+        instruction="Fix calc.py",
+        snapshot_digest="sha256:x",
+        sandbox_backend="bwrap",
+        policy_version="chat:served",
+        status=status,
+        steps=steps,
+        terminated=True,
+        truncated=False,
+        reward=reward,
+        partial_credit=reward,
+        passed=reward == 1.0,
     )
 
 
@@ -97,7 +125,14 @@ def test_export_is_a_datasets_ready_parquet(tmp_path: Path) -> None:
     rows = table.to_pylist()
     assert [round(r["advantage"], 3) for r in rows] == [1.414, -0.707, -0.707]
     messages = rows[0]["messages"]
-    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant", "tool"]
+    assert [m["role"] for m in messages] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "tool",
+    ]
     assert tool_call_arguments(messages[4]) == [
         {"path": "calc.py", "old_text": FIX.old_text, "new_text": FIX.new_text}
     ]
