@@ -14,7 +14,7 @@ from typing import NoReturn
 COMMAND_MODULES = (
     "flows.commands.tasks",
     "flows.commands.sandbox",
-    "flows.commands.demo",
+    "flows.commands.train",
     "flows.commands.query",
 )
 

@@ -25,7 +25,8 @@ QUIET_ENV = {
     "DO_NOT_TRACK": "1",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
-    "DASK_DISTRIBUTED__LOGGING__DISTRIBUTED": "warning",
+    "DASK_LOGGING__DISTRIBUTED": "warning",
+    "PREFECT_LOGGING_LOGGERS_DISTRIBUTED_LEVEL": "WARNING",
 }
 SERVER_START_TIMEOUT_S = 120.0
 
@@ -39,6 +40,11 @@ def quiet_environment() -> None:
     """Telemetry off and quiet logs, for this process and everything it spawns."""
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)
+    import logging
+
+    # Dask's scheduler and nannies log every worker start and stop at INFO; keep warnings.
+    for name in ("distributed", "distributed.nanny", "distributed.scheduler", "distributed.core"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _free_port() -> int:
@@ -111,8 +117,16 @@ class LocalPrefectServer:
         self.stop()
 
 
+def prefect_home_for(store: str) -> Path:
+    """Where the embedded Prefect server keeps its database: under a local store, else under
+    `./.rollyard` (an object-storage store has no local directory)."""
+    if "://" in store and not store.startswith("file://"):
+        return Path(".rollyard") / "prefect"
+    return Path(store.removeprefix("file://")) / "prefect"
+
+
 @contextlib.contextmanager
-def prefect_api(store_root: Path) -> Iterator[str]:
+def prefect_api(home: Path) -> Iterator[str]:
     """The Prefect API to use: `PREFECT_API_URL` when configured, else a local server started
     for the duration of the block (its URL exported so Dask workers inherit it)."""
     quiet_environment()
@@ -120,11 +134,16 @@ def prefect_api(store_root: Path) -> Iterator[str]:
     if configured:
         yield configured
         return
-    server = LocalPrefectServer(Path(store_root) / "prefect")
+    server = LocalPrefectServer(home)
     server.start()
+    # Spawned Dask workers read the environment; this process's Prefect settings were frozen
+    # when prefect was imported, so they are overridden for the block as well.
     os.environ["PREFECT_API_URL"] = server.api_url
     try:
-        yield server.api_url
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+            yield server.api_url
     finally:
         drain_prefect_clients()
         os.environ.pop("PREFECT_API_URL", None)

@@ -1,0 +1,190 @@
+"""`rollyard train` and `rollyard demo`: the training flow from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from flows.cli import EXIT_USAGE, CliError
+
+DEMO_TASK_COUNT = 24
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    train = subparsers.add_parser(
+        "train", help="train the built-in policy with GRPO (Prefect flow over Dask)"
+    )
+    train.add_argument("--tasks", required=True, help="directory of task directories")
+    _common_train_options(train)
+    train.set_defaults(handler=train_command)
+
+    demo = subparsers.add_parser(
+        "demo",
+        help="the main job on embedded defaults: build demo tasks, train a few minutes, "
+        "print and plot the reward curve",
+    )
+    _common_train_options(demo, iterations=8)
+    demo.add_argument("--task-count", type=_positive_int, default=DEMO_TASK_COUNT)
+    demo.set_defaults(handler=demo_command)
+
+
+def _common_train_options(parser: argparse.ArgumentParser, iterations: int = 6) -> None:
+    parser.add_argument("--store", default=".rollyard", help="store root (default ./.rollyard)")
+    parser.add_argument("--iterations", type=_positive_int, default=iterations)
+    parser.add_argument("--group-size", type=_positive_int, default=4)
+    parser.add_argument("--tasks-per-iteration", type=_positive_int, default=8)
+    parser.add_argument("--shards", type=_positive_int, default=4,
+                        help="Prefect tasks (episode shards) per iteration")  # fmt: skip
+    parser.add_argument("--max-steps", type=_positive_int, default=8)
+    parser.add_argument("--workers", type=_positive_int, default=2, help="Dask worker processes")
+    parser.add_argument("--dask-address", default=None, help="a running Dask scheduler")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--run-id", default=None, help="default: run-<seed>")
+    parser.add_argument("--resume", action="store_true", help="continue the run after a stop")
+
+
+def _settings(args: argparse.Namespace, tasks_dir: Path) -> Any:
+    from flows.train import TrainSettings
+
+    return TrainSettings(
+        tasks_dir=str(tasks_dir),
+        store=str(args.store),
+        run_id=args.run_id or f"run-{args.seed}",
+        iterations=args.iterations,
+        tasks_per_iteration=args.tasks_per_iteration,
+        group_size=args.group_size,
+        shards_per_iteration=args.shards,
+        max_steps=args.max_steps,
+        seed=args.seed,
+        resume=args.resume,
+    )
+
+
+def _run_with_progress(settings: Any, args: argparse.Namespace) -> list[Any]:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from flows.train import run_training, set_progress_hook
+
+    console = Console(stderr=True)
+    progress = Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console,
+        transient=False,
+    )  # fmt: skip
+    iterations = progress.add_task("iterations", total=settings.iterations, status="")
+    episodes = progress.add_task("episodes", total=0, status="")
+    rewards: list[float] = []
+
+    def hook(event: str, values: dict[str, Any]) -> None:
+        if event == "iteration_start":
+            rewards.clear()
+            progress.reset(episodes, total=values["episodes"],
+                           description=f"episodes (iteration {values['iteration']})",
+                           status="in flight")  # fmt: skip
+        elif event == "shard_done":
+            rewards.extend(r for r in values["rewards"] if r is not None)
+            mean = sum(rewards) / len(rewards) if rewards else 0.0
+            progress.update(episodes, advance=values["episodes"],
+                            status=f"mean reward {mean:.2f}")  # fmt: skip
+        elif event == "iteration_done":
+            summary = values["summary"]
+            progress.update(iterations, completed=summary.iteration + 1,
+                            status=f"last mean reward {summary.reward_mean:.2f}")  # fmt: skip
+
+    set_progress_hook(hook)
+    try:
+        with progress:
+            return run_training(settings, workers=args.workers, dask_address=args.dask_address)
+    finally:
+        set_progress_hook(None)
+
+
+def _print_summary(summaries: list[Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="training summary")
+    for column in ("iteration", "episodes", "mean reward", "pass rate", "infra errors",
+                   "policy version", "wall s"):  # fmt: skip
+        table.add_column(column, justify="right")
+    for s in summaries:
+        table.add_row(str(s.iteration), str(s.episodes), f"{s.reward_mean:.3f}",
+                      f"{s.pass_rate:.2f}", str(s.infra_errors), s.policy_version,
+                      f"{s.wall_s:.1f}")  # fmt: skip
+    Console().print(table)
+
+
+def train_command(args: argparse.Namespace) -> int:
+    tasks_dir = Path(args.tasks)
+    if not tasks_dir.is_dir():
+        raise CliError(f"--tasks {tasks_dir} is not a directory", EXIT_USAGE)
+    settings = _settings(args, tasks_dir)
+    try:
+        summaries = _run_with_progress(settings, args)
+    except ValueError as error:
+        raise CliError(str(error), EXIT_USAGE) from error
+    _print_summary(summaries)
+    return 0
+
+
+def demo_command(args: argparse.Namespace) -> int:
+    from storage import TrajectoryStore
+    from tasks_lib.families.demo.generate import generate_demo_tasks
+
+    store_root = Path(args.store)
+    tasks_dir = store_root / "demo-tasks"
+    if not any(tasks_dir.glob("*/task.toml")):
+        print(f"writing {args.task_count} demo tasks to {tasks_dir} ...", flush=True)
+        generate_demo_tasks(tasks_dir, args.task_count, seed=args.seed)
+    settings = _settings(args, tasks_dir)
+    store = TrajectoryStore(str(store_root))
+    if store.list_checkpoints(settings.run_id) and not args.resume:
+        # The demo is idempotent: a finished demo run is shown again, not refused.
+        print(f"run {settings.run_id} already in {store_root}; showing it (--resume continues it)")
+    else:
+        _print_summary(_run_with_progress(settings, args))
+    curve = store.named("reward_curve")
+    rows = [r for r in curve.to_pylist() if r.get("run_id") in (None, settings.run_id)]
+    print("\nreward curve (from the store):")
+    for row in rows:
+        print("  " + "  ".join(f"{k}={_fmt(v)}" for k, v in row.items()))
+    plot = store_root / f"reward_curve_{settings.run_id}.png"
+    _plot_curve(rows, plot)
+    print(f"\nplot saved to {plot}")
+    return 0
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def _plot_curve(rows: list[dict[str, Any]], path: Path) -> None:
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6, 3.5))
+    iterations = [row["iteration"] for row in rows]
+    axis.plot(iterations, [row.get("mean_reward") for row in rows], marker="o",
+              label="mean reward")  # fmt: skip
+    if rows and "pass_rate" in rows[0]:
+        axis.plot(iterations, [row["pass_rate"] for row in rows], marker="s", label="pass rate")
+    axis.set_xlabel("iteration")
+    axis.set_ylim(-0.05, 1.05)
+    axis.legend()
+    axis.set_title("rollyard demo: reward per iteration")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
