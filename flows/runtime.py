@@ -77,10 +77,22 @@ class LocalPrefectServer:
         env.pop("PREFECT_API_URL", None)
         log = (self.home / "server.log").open("ab")
         self._process = subprocess.Popen(
-            [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(self.port),
-             "--no-ui", "--analytics-off"],
-            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            [
+                prefect,
+                "server",
+                "start",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--no-ui",
+                "--analytics-off",
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         log.close()
         deadline = time.monotonic() + SERVER_START_TIMEOUT_S
         while time.monotonic() < deadline:

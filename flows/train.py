@@ -95,8 +95,10 @@ def update_policy(trainer: GRPOTrainer, trajectories: list[Trajectory]) -> Updat
 
 def task_dirs_in(tasks_dir: Path) -> list[Path]:
     if not tasks_dir.is_dir():
-        raise ValueError(f"tasks directory {tasks_dir} does not exist; generate tasks first "
-                         "(rollyard tasks demo --out DIR)")  # fmt: skip
+        raise ValueError(
+            f"tasks directory {tasks_dir} does not exist; generate tasks first "
+            "(rollyard tasks demo --out DIR)"
+        )
     dirs = sorted(p for p in tasks_dir.iterdir() if (p / "task.toml").is_file())
     if not dirs:
         raise ValueError(f"no task directories (with a task.toml) in {tasks_dir}")
@@ -149,11 +151,16 @@ def train(settings: TrainSettings) -> list[IterationSummary]:
     for iteration in range(first_iteration, settings.iterations):
         started = time.monotonic()
         requests = plan_iteration(
-            task_dirs, run_id=settings.run_id, iteration=iteration, policy=trainer.policy,
-            tasks_per_iteration=settings.tasks_per_iteration, group_size=settings.group_size,
-            shard_count=settings.shards_per_iteration, seed=settings.seed,
+            task_dirs,
+            run_id=settings.run_id,
+            iteration=iteration,
+            policy=trainer.policy,
+            tasks_per_iteration=settings.tasks_per_iteration,
+            group_size=settings.group_size,
+            shard_count=settings.shards_per_iteration,
+            seed=settings.seed,
             episode_config=EpisodeConfig(max_steps=settings.max_steps, seed=settings.seed),
-        )  # fmt: skip
+        )
         total = sum(len(r.episodes) for r in requests)
         _report("iteration_start", iteration=iteration, episodes=total)
         futures = [rollout_shard.submit(request, settings.store) for request in requests]
@@ -161,8 +168,12 @@ def train(settings: TrainSettings) -> list[IterationSummary]:
         for future in as_completed(futures):
             outcome = future.result()
             outcomes.append(outcome)
-            _report("shard_done", iteration=iteration, episodes=len(outcome.trajectories),
-                    rewards=[t.reward for t in outcome.trajectories])  # fmt: skip
+            _report(
+                "shard_done",
+                iteration=iteration,
+                episodes=len(outcome.trajectories),
+                rewards=[t.reward for t in outcome.trajectories],
+            )
         trajectories = committed_trajectories(store, settings.run_id, iteration, outcomes)
         quarantined = store.iteration_status(settings.run_id, iteration).quarantined
         version_before = trainer.policy.version
@@ -170,10 +181,14 @@ def train(settings: TrainSettings) -> list[IterationSummary]:
         if metrics is not None:
             store.record_metrics(settings.run_id, iteration, metrics.as_dict())
         save_checkpoint(
-            trainer, store, run_id=settings.run_id, iteration=iteration,
+            trainer,
+            store,
+            run_id=settings.run_id,
+            iteration=iteration,
             trained_on_iterations=[iteration] if trajectories else [],
-            n_episodes=len(trajectories), parent_policy_version=version_before,
-        )  # fmt: skip
+            n_episodes=len(trajectories),
+            parent_policy_version=version_before,
+        )
         rewards = [t.reward for t in trajectories if t.trainable and t.reward is not None]
         summary = IterationSummary(
             iteration=iteration,
@@ -187,10 +202,14 @@ def train(settings: TrainSettings) -> list[IterationSummary]:
         )
         summaries.append(summary)
         logger.info(
-            "iteration %d: %d episodes, mean reward %.3f, pass rate %.2f, %d infra errors, "
-            "%.1f s", iteration, summary.episodes, summary.reward_mean, summary.pass_rate,
-            summary.infra_errors, summary.wall_s,
-        )  # fmt: skip
+            "iteration %d: %d episodes, mean reward %.3f, pass rate %.2f, %d infra errors, %.1f s",
+            iteration,
+            summary.episodes,
+            summary.reward_mean,
+            summary.pass_rate,
+            summary.infra_errors,
+            summary.wall_s,
+        )
         _report("iteration_done", summary=summary)
     if summaries:
         create_table_artifact(
@@ -214,8 +233,12 @@ def run_training(
         runner = DaskTaskRunner(address=dask_address)
     else:
         runner = DaskTaskRunner(
-            cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": True,
-                            "dashboard_address": None}  # fmt: skip
+            cluster_kwargs={
+                "n_workers": workers,
+                "threads_per_worker": 1,
+                "processes": True,
+                "dashboard_address": None,
+            }
         )
     with prefect_api(prefect_home_for(settings.store)):
         return train.with_options(task_runner=runner)(settings)

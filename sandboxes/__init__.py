@@ -1,10 +1,10 @@
 """Isolated, resource-limited, copy-on-write sandboxes: the ground every episode runs on.
 
-    from sandboxes import Limits, open_sandbox
-    with open_sandbox("path/to/snapshot", limits=Limits(memory_mb=512)) as sb:
-        result = sb.execute("python -m pytest -q", timeout_s=30)
-        changes = sb.diff()
-        sb.reset()
+from sandboxes import Limits, open_sandbox
+with open_sandbox("path/to/snapshot", limits=Limits(memory_mb=512)) as sb:
+    result = sb.execute("python -m pytest -q", timeout_s=30)
+    changes = sb.diff()
+    sb.reset()
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from sandboxes.errors import (
     SnapshotError,
     WorkspacePathError,
 )
-
 from sandboxes.pool import SandboxPool
 
 BACKENDS = ("bwrap",)

@@ -9,6 +9,7 @@ changed. Network is always off.
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
@@ -45,9 +46,7 @@ class Limits:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             if isinstance(value, bool) or not isinstance(value, int | float):
-                raise InvalidLimitsError(
-                    f"Limits.{field.name} must be a number, got {value!r}"
-                )
+                raise InvalidLimitsError(f"Limits.{field.name} must be a number, got {value!r}")
             if not math.isfinite(value) or value <= 0:
                 raise InvalidLimitsError(
                     f"Limits.{field.name} must be a positive number, got {value!r}; "
@@ -179,7 +178,5 @@ class Sandbox(abc.ABC):
     def __del__(self) -> None:
         # A forgotten sandbox must not keep mounts and cgroups alive; the start-up sweep is the
         # backstop for processes that are SIGKILLed before they get here.
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:
-            pass

@@ -120,8 +120,9 @@ class SandboxPool:
         finally:
             self.give_back(sandbox, broken=broken)
 
-    def idle_count(self, snapshot: str | Path | None = None, *,
-                   limits: Limits | None = None) -> int:  # fmt: skip
+    def idle_count(
+        self, snapshot: str | Path | None = None, *, limits: Limits | None = None
+    ) -> int:
         with self._lock:
             if snapshot is None:
                 return sum(len(v) for v in self._idle.values())

@@ -17,15 +17,16 @@ import functools
 import os
 import random
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Literal
 
 from sandboxes import Limits, SandboxPool
-from storage import CommitResult, TrajectoryStore
+from storage import CommitResult, StoreError, TrajectoryStore
 from tasks_lib.loader import load_task
 from tasks_lib.model import Task
-
-from training.episode import EpisodeConfig, run_episode
+from training.episode import EpisodeConfig
+from training.recovery import FaultPlan, RecoveryPolicy, run_episode_with_recovery
 from training.scorer_policy import CandidateScorerPolicy
 from training.trajectory import EpisodeKey, Trajectory
 
@@ -47,7 +48,10 @@ class ShardRequest:
     policy_bytes: bytes
     """The policy's state (`CandidateScorerPolicy.to_bytes()`): workers rebuild it exactly."""
     policy_version: str
-    episode_config: EpisodeConfig = EpisodeConfig()
+    episode_config: EpisodeConfig = dataclasses.field(default_factory=EpisodeConfig)
+    recovery: RecoveryPolicy = dataclasses.field(default_factory=RecoveryPolicy)
+    faults: FaultPlan | None = None
+    """Injected faults (tests and benchmarks only)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -74,6 +78,9 @@ def sample_task_dirs(
     return rng.sample(ordered, count)
 
 
+Schedule = Literal["round_robin", "longest_first"]
+
+
 def plan_iteration(
     task_dirs: Sequence[Path],
     *,
@@ -85,12 +92,22 @@ def plan_iteration(
     shard_count: int,
     seed: int = 0,
     episode_config: EpisodeConfig | None = None,
+    recovery: RecoveryPolicy | None = None,
+    faults: FaultPlan | None = None,
+    schedule: Schedule = "round_robin",
+    predicted_s: Mapping[str, float] | None = None,
 ) -> list[ShardRequest]:
-    """Sample tasks, make one group of `group_size` samples per task, and deal the episodes
-    round-robin into at most `shard_count` shards (episodes of a group spread across workers, so
-    one slow task does not serialize its whole group)."""
+    """Sample tasks, make one group of `group_size` samples per task, and deal the episodes into
+    at most `shard_count` shards.
+
+    `round_robin` spreads each group across shards. `longest_first` uses `predicted_s` (task dir
+    -> predicted episode seconds, see `predict_episode_seconds`): episodes are placed longest
+    first onto the least-loaded shard and shards are returned heaviest first, so long tasks start
+    early and no straggler holds the batch at the end (LPT scheduling)."""
     if group_size < 1 or tasks_per_iteration < 1 or shard_count < 1:
         raise ValueError("group_size, tasks_per_iteration and shard_count must be >= 1")
+    if schedule not in ("round_robin", "longest_first"):
+        raise ValueError(f"schedule must be round_robin or longest_first, got {schedule!r}")
     chosen = sample_task_dirs(task_dirs, count=tasks_per_iteration, iteration=iteration, seed=seed)
     episodes = [
         EpisodeRequest(
@@ -101,6 +118,10 @@ def plan_iteration(
         for sample in range(group_size)
     ]
     shard_count = min(shard_count, len(episodes))
+    if schedule == "longest_first":
+        shards = _longest_first(episodes, shard_count, predicted_s or {})
+    else:
+        shards = [episodes[shard::shard_count] for shard in range(shard_count)]
     policy_bytes = policy.to_bytes()
     config = episode_config or EpisodeConfig(seed=seed)
     return [
@@ -108,13 +129,55 @@ def plan_iteration(
             run_id=run_id,
             iteration=iteration,
             shard=shard,
-            episodes=tuple(episodes[shard::shard_count]),
+            episodes=tuple(members),
             policy_bytes=policy_bytes,
             policy_version=policy.version,
             episode_config=config,
+            recovery=recovery or RecoveryPolicy(),
+            faults=faults,
         )
-        for shard in range(shard_count)
+        for shard, members in enumerate(shards)
     ]
+
+
+def _longest_first(
+    episodes: list[EpisodeRequest], shard_count: int, predicted_s: Mapping[str, float]
+) -> list[list[EpisodeRequest]]:
+    known = [v for v in predicted_s.values() if v > 0]
+    default_s = sum(known) / len(known) if known else 1.0  # unknown tasks: the mean
+    cost = {e.task_dir: predicted_s.get(e.task_dir, default_s) for e in episodes}
+    shards: list[list[EpisodeRequest]] = [[] for _ in range(shard_count)]
+    loads = [0.0] * shard_count
+    for episode in sorted(episodes, key=lambda e: -cost[e.task_dir]):
+        lightest = min(range(shard_count), key=loads.__getitem__)
+        shards[lightest].append(episode)
+        loads[lightest] += cost[episode.task_dir]
+    order = sorted(range(shard_count), key=lambda i: -loads[i])
+    return [shards[i] for i in order]
+
+
+def predict_episode_seconds(
+    store: TrajectoryStore, task_dirs: Sequence[Path], *, last_n: int = 20
+) -> dict[str, float]:
+    """Predicted wall seconds of an episode per task dir: the median of its last `last_n`
+    committed episodes in the store (tasks never run are left out)."""
+    ids = {_load_task_cached(str(d)).id: str(d) for d in task_dirs}
+    if not ids:
+        return {}
+    try:
+        rows = store.query(
+            """
+            SELECT task_id, median(wall_s) AS seconds FROM (
+                SELECT task_id, wall_s, row_number() OVER (
+                    PARTITION BY task_id ORDER BY finished_at DESC) AS recent
+                FROM episodes WHERE wall_s IS NOT NULL)
+            WHERE recent <= ? GROUP BY task_id
+            """,
+            [last_n],
+        ).to_pylist()
+    except StoreError:
+        return {}  # an empty store has no history yet
+    return {ids[r["task_id"]]: float(r["seconds"]) for r in rows if r["task_id"] in ids}
 
 
 # -- running a shard ------------------------------------------------------------------------------
@@ -149,11 +212,17 @@ def run_shard(request: ShardRequest, *, pool: SandboxPool | None = None) -> list
     trajectories = []
     for episode in request.episodes:
         task = _load_task_cached(episode.task_dir)
-        with pool.acquire(task.snapshot_dir, limits=task.limits) as sandbox:
-            trajectories.append(
-                run_episode(task, policy, sandbox, key=episode.key,
-                            config=request.episode_config)  # fmt: skip
+        trajectories.append(
+            run_episode_with_recovery(
+                task,
+                policy,
+                pool,
+                key=episode.key,
+                config=request.episode_config,
+                recovery=request.recovery,
+                faults=request.faults,
             )
+        )
     return trajectories
 
 

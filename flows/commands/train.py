@@ -45,8 +45,12 @@ def _common_train_options(parser: argparse.ArgumentParser, iterations: int = 6) 
     parser.add_argument("--iterations", type=_positive_int, default=iterations)
     parser.add_argument("--group-size", type=_positive_int, default=4)
     parser.add_argument("--tasks-per-iteration", type=_positive_int, default=8)
-    parser.add_argument("--shards", type=_positive_int, default=4,
-                        help="Prefect tasks (episode shards) per iteration")  # fmt: skip
+    parser.add_argument(
+        "--shards",
+        type=_positive_int,
+        default=4,
+        help="Prefect tasks (episode shards) per iteration",
+    )
     parser.add_argument("--max-steps", type=_positive_int, default=8)
     parser.add_argument("--workers", type=_positive_int, default=2, help="Dask worker processes")
     parser.add_argument("--dask-address", default=None, help="a running Dask scheduler")
@@ -80,10 +84,14 @@ def _run_with_progress(settings: Any, args: argparse.Namespace) -> list[Any]:
 
     console = Console(stderr=True)
     progress = Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console,
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=console,
         transient=False,
-    )  # fmt: skip
+    )
     iterations = progress.add_task("iterations", total=settings.iterations, status="")
     episodes = progress.add_task("episodes", total=0, status="")
     rewards: list[float] = []
@@ -91,18 +99,23 @@ def _run_with_progress(settings: Any, args: argparse.Namespace) -> list[Any]:
     def hook(event: str, values: dict[str, Any]) -> None:
         if event == "iteration_start":
             rewards.clear()
-            progress.reset(episodes, total=values["episodes"],
-                           description=f"episodes (iteration {values['iteration']})",
-                           status="in flight")  # fmt: skip
+            progress.reset(
+                episodes,
+                total=values["episodes"],
+                description=f"episodes (iteration {values['iteration']})",
+                status="in flight",
+            )
         elif event == "shard_done":
             rewards.extend(r for r in values["rewards"] if r is not None)
             mean = sum(rewards) / len(rewards) if rewards else 0.0
-            progress.update(episodes, advance=values["episodes"],
-                            status=f"mean reward {mean:.2f}")  # fmt: skip
+            progress.update(episodes, advance=values["episodes"], status=f"mean reward {mean:.2f}")
         elif event == "iteration_done":
             summary = values["summary"]
-            progress.update(iterations, completed=summary.iteration + 1,
-                            status=f"last mean reward {summary.reward_mean:.2f}")  # fmt: skip
+            progress.update(
+                iterations,
+                completed=summary.iteration + 1,
+                status=f"last mean reward {summary.reward_mean:.2f}",
+            )
 
     set_progress_hook(hook)
     try:
@@ -117,13 +130,26 @@ def _print_summary(summaries: list[Any]) -> None:
     from rich.table import Table
 
     table = Table(title="training summary")
-    for column in ("iteration", "episodes", "mean reward", "pass rate", "infra errors",
-                   "policy version", "wall s"):  # fmt: skip
+    for column in (
+        "iteration",
+        "episodes",
+        "mean reward",
+        "pass rate",
+        "infra errors",
+        "policy version",
+        "wall s",
+    ):
         table.add_column(column, justify="right")
     for s in summaries:
-        table.add_row(str(s.iteration), str(s.episodes), f"{s.reward_mean:.3f}",
-                      f"{s.pass_rate:.2f}", str(s.infra_errors), s.policy_version,
-                      f"{s.wall_s:.1f}")  # fmt: skip
+        table.add_row(
+            str(s.iteration),
+            str(s.episodes),
+            f"{s.reward_mean:.3f}",
+            f"{s.pass_rate:.2f}",
+            str(s.infra_errors),
+            s.policy_version,
+            f"{s.wall_s:.1f}",
+        )
     Console().print(table)
 
 
@@ -177,8 +203,7 @@ def _plot_curve(rows: list[dict[str, Any]], path: Path) -> None:
 
     figure, axis = plt.subplots(figsize=(6, 3.5))
     iterations = [row["iteration"] for row in rows]
-    axis.plot(iterations, [row.get("mean_reward") for row in rows], marker="o",
-              label="mean reward")  # fmt: skip
+    axis.plot(iterations, [row.get("mean_reward") for row in rows], marker="o", label="mean reward")
     if rows and "pass_rate" in rows[0]:
         axis.plot(iterations, [row["pass_rate"] for row in rows], marker="s", label="pass rate")
     axis.set_xlabel("iteration")

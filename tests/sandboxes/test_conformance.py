@@ -75,11 +75,14 @@ class SandboxConformance:
         assert "1 passed" in result.stdout
 
     def test_stdin_and_env_reach_the_command(self, sandbox: Sandbox) -> None:
-        result = sandbox.execute("read line; echo $line-$GREETING", stdin="hello\n",
-                                 env={"GREETING": "hi"})  # fmt: skip
+        result = sandbox.execute(
+            "read line; echo $line-$GREETING", stdin="hello\n", env={"GREETING": "hi"}
+        )
         assert result.stdout == "hello-hi\n"
 
-    def test_environment_is_cleared(self, sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_environment_is_cleared(
+        self, sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         monkeypatch.setenv("ROLLYARD_TEST_SECRET", "leak")
         assert "leak" not in sandbox.execute("env").stdout
 
@@ -99,8 +102,9 @@ class SandboxConformance:
         with pytest.raises(ValueError, match="timeout_s"):
             sandbox.execute("true", timeout_s=0)
 
-    def test_output_over_the_limit_keeps_head_and_tail(self, open_backend: OpenBackend,
-                                                       snapshot: Path) -> None:  # fmt: skip
+    def test_output_over_the_limit_keeps_head_and_tail(
+        self, open_backend: OpenBackend, snapshot: Path
+    ) -> None:
         with open_backend(snapshot, limits=Limits(output_bytes=1000)) as sandbox:
             result = sandbox.execute("echo FIRST; seq 1 100000; echo LAST")
         assert result.output_truncated
@@ -109,8 +113,9 @@ class SandboxConformance:
         assert "truncated" in result.stdout
         assert len(result.stdout) < 1200
 
-    def test_memory_limit_kills_and_reports_oom(self, open_backend: OpenBackend,
-                                                snapshot: Path) -> None:  # fmt: skip
+    def test_memory_limit_kills_and_reports_oom(
+        self, open_backend: OpenBackend, snapshot: Path
+    ) -> None:
         with open_backend(snapshot, limits=Limits(memory_mb=64)) as sandbox:
             result = sandbox.execute("python -c 'x = bytearray(400 * 2**20)'", timeout_s=20)
             assert result.oom_killed and result.exit_code != 0
@@ -118,9 +123,7 @@ class SandboxConformance:
 
     def test_pids_limit_stops_forking(self, open_backend: OpenBackend, snapshot: Path) -> None:
         with open_backend(snapshot, limits=Limits(pids=16)) as sandbox:
-            result = sandbox.execute(
-                "for i in $(seq 1 40); do sleep 5 & done; wait", timeout_s=10
-            )
+            result = sandbox.execute("for i in $(seq 1 40); do sleep 5 & done; wait", timeout_s=10)
         assert "fork" in result.stderr.lower() or "resource" in result.stderr.lower()
 
     # -- files and diff --------------------------------------------------------------------------
@@ -178,8 +181,9 @@ class SandboxConformance:
         sandbox.write_file("pkg/data.txt", "changed")
         assert snapshot_digest(snapshot) == before
 
-    def test_snapshot_digest_is_content_addressed(self, open_backend: OpenBackend,
-                                                  tmp_path: Path) -> None:  # fmt: skip
+    def test_snapshot_digest_is_content_addressed(
+        self, open_backend: OpenBackend, tmp_path: Path
+    ) -> None:
         first = make_snapshot(tmp_path / "a")
         twin = make_snapshot(tmp_path / "b")
         with open_backend(first) as a, open_backend(twin) as b:
@@ -198,8 +202,9 @@ class SandboxConformance:
         with pytest.raises(SnapshotError, match="outside the snapshot"):
             open_backend(escaping)
 
-    def test_close_is_idempotent_and_misuse_raises(self, open_backend: OpenBackend,
-                                                   snapshot: Path) -> None:  # fmt: skip
+    def test_close_is_idempotent_and_misuse_raises(
+        self, open_backend: OpenBackend, snapshot: Path
+    ) -> None:
         sandbox = open_backend(snapshot)
         sandbox.close()
         sandbox.close()
@@ -240,8 +245,9 @@ class SandboxConformance:
             assert pool.opened == 2
         assert pool.idle_count() == 0
 
-    def test_pool_discards_a_sandbox_that_raised(self, open_backend: OpenBackend,
-                                                 snapshot: Path) -> None:  # fmt: skip
+    def test_pool_discards_a_sandbox_that_raised(
+        self, open_backend: OpenBackend, snapshot: Path
+    ) -> None:
         with SandboxPool(factory=lambda s, lim: open_backend(s, limits=lim)) as pool:
             with pytest.raises(SandboxError), pool.acquire(snapshot) as sandbox:
                 raise SandboxError("the episode broke it")

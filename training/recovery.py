@@ -1,0 +1,237 @@
+"""Fault recovery for episodes, and the fault injection that proves it.
+
+An episode whose sandbox crashes, hangs or is OOM-killed by the host (an *infra* failure, status
+`infra_error`) is run again in a fresh sandbox: by default its recorded action prefix is replayed
+first (`replay`), so the policy continues where it was instead of starting over (`restart`).
+Attempts are recorded in the episode key. An episode that keeps failing ends as `infra_error`,
+which the trainer masks: infra failures are never a reward of 0.
+
+`FaultPlan` injects real faults at configurable rates, deterministically per episode attempt:
+`sandbox_kill` SIGKILLs every process of the sandbox mid-command, `hang` makes a command run far
+past its limit, `oom` runs a memory hog into the sandbox's memory limit, `worker_kill` kills the
+whole worker process (Dask reschedules the shard elsewhere).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import signal
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Literal
+
+from sandboxes import ExecResult, Sandbox, SandboxError, SandboxPool, WorkspaceDiff
+from tasks_lib.model import Task
+from training.actions import History
+from training.episode import EpisodeConfig, run_episode
+from training.policy import Decision, Policy
+from training.trajectory import EpisodeKey, EpisodeStatus, Trajectory
+
+FaultKind = Literal["sandbox_kill", "hang", "oom", "worker_kill"]
+FAULT_KINDS: tuple[FaultKind, ...] = ("sandbox_kill", "hang", "oom", "worker_kill")
+
+
+class SandboxCrashedError(SandboxError):
+    """The sandbox's processes died from outside the command (killed, OOM-killed by the host,
+    hung past recovery): an infra failure of this attempt."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RecoveryPolicy:
+    max_attempts: int = 3
+    """Attempts per episode, the first included."""
+    mode: Literal["replay", "restart"] = "replay"
+    """`replay`: re-apply the recorded actions of the failed attempt in a fresh sandbox, then
+    let the policy continue. `restart`: start the episode over."""
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        if self.mode not in ("replay", "restart"):
+            raise ValueError(f"mode must be 'replay' or 'restart', got {self.mode!r}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FaultPlan:
+    """Rates (0..1) of injected faults per episode attempt, decided by hashing the episode id,
+    the attempt and `seed`, so a rerun injects the same faults."""
+
+    sandbox_kill: float = 0.0
+    hang: float = 0.0
+    oom: float = 0.0
+    worker_kill: float = 0.0
+    seed: int = 0
+    marker_dir: str | None = None
+    """Where a worker kill leaves a marker, so the rescheduled shard does not die again (a real
+    lost worker does not follow its work to the next machine). Required for `worker_kill`."""
+
+    def __post_init__(self) -> None:
+        for kind in FAULT_KINDS:
+            rate = getattr(self, kind)
+            if not 0.0 <= rate <= 1.0:
+                raise ValueError(f"fault rate {kind} must be within [0, 1], got {rate}")
+        if self.worker_kill and not self.marker_dir:
+            raise ValueError("worker_kill faults need marker_dir (a directory all workers see)")
+
+    @property
+    def total_rate(self) -> float:
+        return sum(getattr(self, kind) for kind in FAULT_KINDS)
+
+    def fault_for(self, episode_id: str, attempt: int) -> FaultKind | None:
+        digest = hashlib.sha256(f"{self.seed}/{episode_id}/{attempt}".encode()).digest()
+        draw = int.from_bytes(digest[:8], "big") / 2**64
+        edge = 0.0
+        for kind in FAULT_KINDS:
+            edge += getattr(self, kind)
+            if draw < edge:
+                return kind
+        return None
+
+
+class FaultySandbox(Sandbox):
+    """A real sandbox with one fault injected into its `fault_at_command`-th command."""
+
+    def __init__(
+        self,
+        inner: Sandbox,
+        fault: FaultKind,
+        *,
+        fault_at_command: int = 1,
+        on_worker_kill: Path | None = None,
+    ) -> None:
+        super().__init__(inner.snapshot, inner.snapshot_digest, inner.limits)
+        self.inner = inner
+        self.fault = fault
+        self.backend_name = inner.backend_name
+        self._commands = 0
+        self._fault_at = fault_at_command
+        self._marker = on_worker_kill
+
+    def execute(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout_s: float | None = None,
+        stdin: str | bytes | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> ExecResult:
+        self._check_open("execute")
+        self._commands += 1
+        if self._commands != self._fault_at:
+            return self.inner.execute(command, timeout_s=timeout_s, stdin=stdin, env=env)
+        if self.fault == "worker_kill":
+            if self._marker is not None:
+                self._marker.parent.mkdir(parents=True, exist_ok=True)
+                self._marker.touch()
+            os.kill(os.getpid(), signal.SIGKILL)  # the whole worker process, as a lost machine
+        if self.fault == "sandbox_kill":
+            killer = threading.Timer(0.05, self._kill_inner)
+            killer.start()
+            try:
+                self.inner.execute("sleep 30", timeout_s=10)
+            finally:
+                killer.cancel()
+            raise SandboxCrashedError("every process of the sandbox was SIGKILLed mid-command")
+        if self.fault == "hang":
+            result = self.inner.execute("sleep 3600", timeout_s=min(timeout_s or 1.0, 1.0))
+            raise SandboxCrashedError(
+                f"the sandbox hung: no answer within its limit (timed_out={result.timed_out})"
+            )
+        # oom: a hog runs into the sandbox's memory limit and the kernel kills it
+        hog = f"python -c 'b = bytearray({(self.limits.memory_mb + 64) << 20})'"
+        result = self.inner.execute(hog, timeout_s=30)
+        raise SandboxCrashedError(
+            f"the sandbox was OOM-killed by its memory limit (oom_killed={result.oom_killed})"
+        )
+
+    def _kill_inner(self) -> None:
+        cgroup = getattr(self.inner, "_cgroup", None)
+        if cgroup is not None:
+            cgroup.kill_all()
+
+    def read_file(self, path: str) -> bytes:
+        return self.inner.read_file(path)
+
+    def write_file(self, path: str, data: str | bytes) -> None:
+        self.inner.write_file(path, data)
+
+    def diff(self) -> WorkspaceDiff:
+        return self.inner.diff()
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def _close(self) -> None:
+        pass  # the inner sandbox belongs to the pool
+
+
+class ReplayPolicy(Policy):
+    """Replays recorded decisions, then hands over to the live policy."""
+
+    def __init__(self, prefix: Sequence[Decision], live: Policy) -> None:
+        self.prefix = tuple(prefix)
+        self.live = live
+        self._position = 0
+
+    @property
+    def version(self) -> str:
+        return self.live.version
+
+    def seed(self, seed: int) -> None:
+        self._position = 0
+        self.live.seed(seed)
+
+    def act(self, history: History) -> Decision:
+        if self._position < len(self.prefix):
+            self._position += 1
+            return self.prefix[self._position - 1]
+        return self.live.act(history)
+
+
+def replayable_prefix(trajectory: Trajectory) -> list[Decision]:
+    """The decisions of the steps that completed before the infra failure."""
+    return [Decision(step.action, step.logprob, step.record) for step in trajectory.steps]
+
+
+def run_episode_with_recovery(
+    task: Task,
+    policy: Policy,
+    pool: SandboxPool,
+    *,
+    key: EpisodeKey,
+    config: EpisodeConfig,
+    recovery: RecoveryPolicy = RecoveryPolicy(),
+    faults: FaultPlan | None = None,
+) -> Trajectory:
+    """Run an episode; on an infra failure, rebuild the sandbox and replay (or restart)."""
+    prefix: list[Decision] = []
+    trajectory: Trajectory | None = None
+    for attempt in range(recovery.max_attempts):
+        attempt_key = dataclasses.replace(key, attempt=attempt)
+        fault = faults.fault_for(attempt_key.episode_id(task.id), attempt) if faults else None
+        acting: Policy = ReplayPolicy(prefix, policy) if prefix else policy
+        sandbox = pool.take(task.snapshot_dir, limits=task.limits)
+        broken = True
+        try:
+            target: Sandbox = sandbox
+            if fault is not None:
+                marker = None
+                if faults is not None and faults.marker_dir and fault == "worker_kill":
+                    marker = Path(faults.marker_dir) / attempt_key.episode_id(task.id)
+                    if marker.exists():
+                        fault = None  # this attempt's worker already died once
+                if fault is not None:
+                    target = FaultySandbox(sandbox, fault, on_worker_kill=marker)
+            trajectory = run_episode(task, acting, target, key=attempt_key, config=config)
+            broken = trajectory.status is EpisodeStatus.INFRA_ERROR
+        finally:
+            pool.give_back(sandbox, broken=broken)
+        if trajectory.status is not EpisodeStatus.INFRA_ERROR:
+            return trajectory
+        if recovery.mode == "replay":
+            prefix = replayable_prefix(trajectory)  # replayed steps are recorded again
+    assert trajectory is not None
+    return trajectory
