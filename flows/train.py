@@ -24,7 +24,14 @@ from prefect.futures import as_completed
 from storage import TrajectoryStore
 from training.episode import EpisodeConfig
 from training.grpo import GRPOConfig, GRPOTrainer, UpdateMetrics, load_checkpoint, save_checkpoint
-from training.rollout import ShardOutcome, ShardRequest, plan_iteration, rollout_shard_and_commit
+from training.recovery import FaultPlan, RecoveryPolicy
+from training.rollout import (
+    ShardOutcome,
+    ShardRequest,
+    plan_iteration,
+    predict_episode_seconds,
+    rollout_shard_and_commit,
+)
 from training.scorer_policy import CandidateScorerPolicy
 from training.trajectory import Trajectory
 
@@ -48,6 +55,34 @@ class TrainSettings:
     seed: int = 0
     resume: bool = False
     """Continue a run from its last checkpointed iteration instead of refusing to reuse its id."""
+    mode: str = "sync"
+    """`sync`: roll out iteration i with the policy after update i-1, then update. `async`:
+    rollouts of the next `max_policy_lag` iterations are already running while the trainer
+    updates, so neither side waits; episodes carry their policy lag."""
+    max_policy_lag: int = 1
+    """Async only: how many updates behind the trainer a consumed episode's policy may be;
+    staler episodes are not trained on (counted in the metrics)."""
+    schedule: str = "longest_first"
+    """Shard planning: `longest_first` (durations predicted from the store) or `round_robin`."""
+    max_attempts: int = 3
+    """Attempts per episode after infra failures (sandbox crash, hang, OOM of the host)."""
+    recovery_mode: str = "replay"
+    """`replay` the recorded actions into a fresh sandbox, or `restart` the episode."""
+    faults: FaultPlan | None = None
+    """Injected faults, for the fault-injection suite and benchmark only."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("sync", "async"):
+            raise ValueError(f"mode must be 'sync' or 'async', got {self.mode!r}")
+        if self.max_policy_lag < 1:
+            raise ValueError(f"max_policy_lag must be >= 1, got {self.max_policy_lag}")
+        if self.iterations < 1:
+            raise ValueError(f"iterations must be >= 1, got {self.iterations}")
+
+    @property
+    def pipeline_depth(self) -> int:
+        """Iterations rolled out ahead of the trainer."""
+        return self.max_policy_lag if self.mode == "async" else 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -60,6 +95,8 @@ class IterationSummary:
     policy_version: str
     quarantined: bool
     wall_s: float
+    max_policy_lag: int = 0
+    stale_dropped: int = 0
 
 
 ProgressHook = Callable[[str, dict[str, Any]], None]
@@ -139,6 +176,15 @@ def committed_trajectories(
     return kept
 
 
+@dataclasses.dataclass
+class _Submitted:
+    requests: list[ShardRequest]
+    futures: list[Any]
+    policy_updates: int
+    """The trainer's update count when these rollouts were planned (their policy)."""
+    started: float
+
+
 @flow(name="train", log_prints=False)
 def train(settings: TrainSettings) -> list[IterationSummary]:
     logger = get_run_logger()
@@ -147,9 +193,15 @@ def train(settings: TrainSettings) -> list[IterationSummary]:
     trainer, first_iteration = restore_trainer(store, settings)
     if first_iteration:
         logger.info("resuming run %s at iteration %d", settings.run_id, first_iteration)
-    summaries: list[IterationSummary] = []
-    for iteration in range(first_iteration, settings.iterations):
-        started = time.monotonic()
+    recovery = RecoveryPolicy(settings.max_attempts, settings.recovery_mode)  # type: ignore[arg-type]
+    in_flight: dict[int, _Submitted] = {}
+
+    def submit(iteration: int) -> None:
+        predicted = (
+            predict_episode_seconds(store, task_dirs)
+            if settings.schedule == "longest_first"
+            else None
+        )
         requests = plan_iteration(
             task_dirs,
             run_id=settings.run_id,
@@ -160,12 +212,29 @@ def train(settings: TrainSettings) -> list[IterationSummary]:
             shard_count=settings.shards_per_iteration,
             seed=settings.seed,
             episode_config=EpisodeConfig(max_steps=settings.max_steps, seed=settings.seed),
+            recovery=recovery,
+            faults=settings.faults,
+            schedule=settings.schedule,
+            predicted_s=predicted,  # type: ignore[arg-type]
         )
-        total = sum(len(r.episodes) for r in requests)
-        _report("iteration_start", iteration=iteration, episodes=total)
         futures = [rollout_shard.submit(request, settings.store) for request in requests]
+        in_flight[iteration] = _Submitted(requests, futures, trainer.updates, time.monotonic())
+        _report(
+            "iteration_start", iteration=iteration, episodes=sum(len(r.episodes) for r in requests)
+        )
+
+    summaries: list[IterationSummary] = []
+    for iteration in range(first_iteration, settings.iterations):
+        # Keep the pipeline full: in async mode the next iterations roll out with the current
+        # policy while this one is being trained on.
+        for ahead in range(
+            iteration, min(settings.iterations, iteration + settings.pipeline_depth + 1)
+        ):
+            if ahead not in in_flight:
+                submit(ahead)
+        submitted = in_flight.pop(iteration)
         outcomes: list[ShardOutcome] = []
-        for future in as_completed(futures):
+        for future in as_completed(submitted.futures):
             outcome = future.result()
             outcomes.append(outcome)
             _report(
@@ -174,42 +243,8 @@ def train(settings: TrainSettings) -> list[IterationSummary]:
                 episodes=len(outcome.trajectories),
                 rewards=[t.reward for t in outcome.trajectories],
             )
-        trajectories = committed_trajectories(store, settings.run_id, iteration, outcomes)
-        quarantined = store.iteration_status(settings.run_id, iteration).quarantined
-        version_before = trainer.policy.version
-        metrics = update_policy(trainer, trajectories) if trajectories else None
-        if metrics is not None:
-            store.record_metrics(settings.run_id, iteration, metrics.as_dict())
-        save_checkpoint(
-            trainer,
-            store,
-            run_id=settings.run_id,
-            iteration=iteration,
-            trained_on_iterations=[iteration] if trajectories else [],
-            n_episodes=len(trajectories),
-            parent_policy_version=version_before,
-        )
-        rewards = [t.reward for t in trajectories if t.trainable and t.reward is not None]
-        summary = IterationSummary(
-            iteration=iteration,
-            episodes=len(trajectories),
-            reward_mean=sum(rewards) / len(rewards) if rewards else 0.0,
-            pass_rate=sum(1 for r in rewards if r >= 1.0) / len(rewards) if rewards else 0.0,
-            infra_errors=sum(1 for t in trajectories if not t.trainable),
-            policy_version=trainer.policy.version,
-            quarantined=quarantined,
-            wall_s=time.monotonic() - started,
-        )
+        summary = _consume(store, trainer, settings, iteration, outcomes, submitted, logger)
         summaries.append(summary)
-        logger.info(
-            "iteration %d: %d episodes, mean reward %.3f, pass rate %.2f, %d infra errors, %.1f s",
-            iteration,
-            summary.episodes,
-            summary.reward_mean,
-            summary.pass_rate,
-            summary.infra_errors,
-            summary.wall_s,
-        )
         _report("iteration_done", summary=summary)
     if summaries:
         create_table_artifact(
@@ -218,6 +253,68 @@ def train(settings: TrainSettings) -> list[IterationSummary]:
             description=f"Iterations of run {settings.run_id}",
         )
     return summaries
+
+
+def _consume(
+    store: TrajectoryStore,
+    trainer: GRPOTrainer,
+    settings: TrainSettings,
+    iteration: int,
+    outcomes: list[ShardOutcome],
+    submitted: _Submitted,
+    logger: Any,
+) -> IterationSummary:
+    """Train on one iteration's committed batch and checkpoint the result."""
+    trajectories = committed_trajectories(store, settings.run_id, iteration, outcomes)
+    quarantined = store.iteration_status(settings.run_id, iteration).quarantined
+    policy_lag = trainer.updates - submitted.policy_updates
+    stale_dropped = 0
+    if policy_lag > max(settings.pipeline_depth, 0):
+        # Only reachable when resuming into a pipeline planned with an older policy.
+        stale_dropped, trajectories = len(trajectories), []
+    version_before = trainer.policy.version
+    metrics = update_policy(trainer, trajectories) if trajectories else None
+    values: dict[str, float | None] = dict(metrics.as_dict()) if metrics else {}
+    values.update(
+        policy_lag=float(policy_lag),
+        stale_dropped=float(stale_dropped),
+        rollout_wall_s=time.monotonic() - submitted.started,
+    )
+    store.record_metrics(settings.run_id, iteration, values)
+    save_checkpoint(
+        trainer,
+        store,
+        run_id=settings.run_id,
+        iteration=iteration,
+        trained_on_iterations=[iteration] if trajectories else [],
+        n_episodes=len(trajectories),
+        parent_policy_version=version_before,
+    )
+    rewards = [t.reward for t in trajectories if t.trainable and t.reward is not None]
+    summary = IterationSummary(
+        iteration=iteration,
+        episodes=len(trajectories),
+        reward_mean=sum(rewards) / len(rewards) if rewards else 0.0,
+        pass_rate=sum(1 for r in rewards if r >= 1.0) / len(rewards) if rewards else 0.0,
+        infra_errors=sum(1 for t in trajectories if not t.trainable),
+        policy_version=trainer.policy.version,
+        quarantined=quarantined,
+        wall_s=time.monotonic() - submitted.started,
+        max_policy_lag=policy_lag,
+        stale_dropped=stale_dropped,
+    )
+    logger.info(
+        "iteration %d: %d episodes, mean reward %.3f, pass rate %.2f, %d infra errors, "
+        "policy lag %d, %.1f s",
+        iteration,
+        summary.episodes,
+        summary.reward_mean,
+        summary.pass_rate,
+        summary.infra_errors,
+        policy_lag,
+        summary.wall_s,
+    )
+    return summary
 
 
 def run_training(

@@ -57,6 +57,24 @@ def _common_train_options(parser: argparse.ArgumentParser, iterations: int = 6) 
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--run-id", default=None, help="default: run-<seed>")
     parser.add_argument("--resume", action="store_true", help="continue the run after a stop")
+    parser.add_argument(
+        "--mode",
+        choices=("sync", "async"),
+        default="sync",
+        help="async: roll out the next iterations while the trainer updates",
+    )
+    parser.add_argument(
+        "--max-policy-lag",
+        type=_positive_int,
+        default=1,
+        help="async: updates an episode's policy may lag behind the trainer",
+    )
+    parser.add_argument(
+        "--schedule",
+        choices=("longest_first", "round_robin"),
+        default="longest_first",
+        help="how episodes are dealt into shards",
+    )
 
 
 def _settings(args: argparse.Namespace, tasks_dir: Path) -> Any:
@@ -73,6 +91,9 @@ def _settings(args: argparse.Namespace, tasks_dir: Path) -> Any:
         max_steps=args.max_steps,
         seed=args.seed,
         resume=args.resume,
+        mode=args.mode,
+        max_policy_lag=args.max_policy_lag,
+        schedule=args.schedule,
     )
 
 
