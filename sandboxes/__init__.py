@@ -23,7 +23,7 @@ from sandboxes.errors import (
 )
 from sandboxes.pool import SandboxPool
 
-BACKENDS = ("bwrap",)
+BACKENDS = ("bwrap", "docker")
 
 
 def open_sandbox(
@@ -35,6 +35,10 @@ def open_sandbox(
         from sandboxes.bwrap import BwrapSandbox
 
         return BwrapSandbox(Path(snapshot), limits=limits)
+    if backend == "docker":
+        from sandboxes.docker import DockerSandbox
+
+        return DockerSandbox(Path(snapshot), limits=limits)
     raise ValueError(f"unknown sandbox backend {backend!r}; choose one of {', '.join(BACKENDS)}")
 
 

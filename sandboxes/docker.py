@@ -1,0 +1,568 @@
+"""The Docker backend, for tasks that ship an image: a warm container per sandbox, commands by
+`exec` (~0.1 s each, against ~0.5 s for `docker run`).
+
+Images are layered base -> family -> task, each tagged by a hash of what built it (parent image
+id + Dockerfile + context, or parent + snapshot digest), so only what changed is rebuilt. The
+container has no network, drops every capability but KILL (used only by its reaper), runs
+commands as uid 1000, and has memory (swap included), pids and CPU limits; a CPU-time rlimit and
+a wall timeout bound each command, and every process a command started is killed when it returns.
+Reset replaces the container with a fresh one from the task image (cost independent of the
+workspace size); containers are labelled with their owner and always removed.
+
+Limits.disk_mb bounds /tmp (a tmpfs). The workspace lives in the container's writable layer,
+which overlay2 cannot cap without project quotas (xfs + pquota): size it in the engine config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import io
+import os
+import posixpath
+import secrets
+import signal
+import tarfile
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from sandboxes import host
+from sandboxes.base import WORKSPACE_MOUNT, ExecResult, Limits, Sandbox, WorkspaceDiff
+from sandboxes.errors import (
+    SandboxError,
+    SandboxSetupError,
+    SandboxUnavailableError,
+    WorkspacePathError,
+)
+from sandboxes.output import CappedBuffer
+from sandboxes.snapshot import DIGEST_PREFIX, prepare_snapshot
+
+BASE_IMAGE_ENV = "ROLLYARD_DOCKER_BASE_IMAGE"
+DEFAULT_BASE_IMAGE = "rollyard/base:bookworm-py3"
+LABEL = "rollyard.sandbox"
+OWNER_LABEL = "rollyard.owner"
+KEY_LABEL = "rollyard.key"
+SANDBOX_UID = 1000
+STATE_DIR = "/run/rollyard"
+"""Root-owned directory in every task image for what the backend hands a command (stdin)."""
+
+# PID 1 of every container: reaps orphans (so killed trees leave no zombies that count against
+# the pids limit) and exits on SIGTERM.
+_REAPER = (
+    "import os, signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n"
+    "while True:\n"
+    "    try:\n"
+    "        os.waitpid(-1, 0)\n"
+    "    except ChildProcessError:\n"
+    "        time.sleep(0.2)\n"
+)
+_LAUNCHER = 'ulimit -t "$1" || exit 125; shift; exec "$@"'
+_LAUNCHER_STDIN = 'ulimit -t "$1" || exit 125; f=$2; shift 2; exec "$@" < "$f"'
+# Resolves a workspace path inside the container, refusing what leaves /workspace.
+_RESOLVE = (
+    'p=$(realpath -m -- "$1") || exit 2; '
+    'case "$p" in /workspace/*) ;; *) echo "$p" >&2; exit 3;; esac; '
+    'if [ "$2" = read ]; then [ -d "$p" ] && exit 4; [ -e "$p" ] || exit 5; '
+    '[ -f "$p" ] || exit 6; exec cat -- "$p"; fi; '
+    '[ -d "$p" ] && exit 4; mkdir -p -- "$(dirname -- "$p")" || exit 7; printf %s "$p"'
+)
+_DESCRIBE = (
+    'for p in "$@"; do if [ -L "$p" ]; then printf "L %s\\n" "$(readlink -- "$p")"; '
+    'elif [ -f "$p" ]; then printf "F %s %s\\n" "$(stat -c %a -- "$p")" '
+    '"$(sha256sum -- "$p" | cut -d" " -f1)"; elif [ -d "$p" ]; then echo D; else echo -; fi; done'
+)
+
+
+def _client() -> Any:
+    try:
+        import docker
+    except ImportError as error:  # pragma: no cover - docker is a dependency
+        raise SandboxUnavailableError("the docker backend needs the `docker` package") from error
+    try:
+        client = docker.from_env(timeout=120)
+        client.ping()
+    except Exception as error:
+        raise SandboxUnavailableError(
+            f"no Docker engine answers at {os.environ.get('DOCKER_HOST', 'the default socket')} "
+            f"({type(error).__name__}); start one with infra/docker/start-engine.sh and export "
+            "the DOCKER_HOST it prints"
+        ) from error
+    return client
+
+
+@functools.cache
+def _shared_client() -> Any:
+    return _client()
+
+
+def base_image() -> str:
+    return os.environ.get(BASE_IMAGE_ENV) or DEFAULT_BASE_IMAGE
+
+
+def _image_id(client: Any, reference: str) -> str:
+    import docker
+
+    try:
+        return str(client.images.get(reference).id)
+    except docker.errors.ImageNotFound:
+        raise SandboxUnavailableError(
+            f"image {reference!r} is not in the engine; build the base image with "
+            "infra/docker/start-engine.sh (no registry is needed) or set "
+            f"{BASE_IMAGE_ENV}"
+        ) from None
+
+
+def _tree_digest(context_dir: Path) -> str:
+    from sandboxes.snapshot import snapshot_digest
+
+    return snapshot_digest(context_dir)
+
+
+def build_layer(
+    parent: str,
+    dockerfile: str,
+    context_dir: Path | None = None,
+    *,
+    kind: str = "family",
+    client: Any = None,
+) -> str:
+    """Build (or reuse) an image from `dockerfile` on top of `parent`; returns its tag.
+
+    The Dockerfile's first `FROM` is replaced by `parent`, so Harbor task Dockerfiles that name a
+    registry image build offline on the local base. The tag is `rollyard/<kind>:<hash>` where the
+    hash covers the parent's image id, the Dockerfile text and the context's content digest.
+    Builds run without network.
+    """
+    client = client or _shared_client()
+    parent_id = _image_id(client, parent)
+    lines = dockerfile.splitlines()
+    for index, line in enumerate(lines):
+        if line.strip().upper().startswith("FROM "):
+            lines[index] = f"FROM {parent}"
+            break
+    else:
+        lines.insert(0, f"FROM {parent}")
+    text = "\n".join(lines) + "\n"
+    context_digest = _tree_digest(context_dir) if context_dir is not None else "-"
+    key = hashlib.sha256(f"{parent_id}\n{context_digest}\n{text}".encode()).hexdigest()
+    tag = f"rollyard/{kind}:{key[:24]}"
+    with contextlib.suppress(Exception):
+        client.images.get(tag)
+        return tag
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        if context_dir is not None:
+            archive.add(str(context_dir), arcname=".")
+        data = text.encode()
+        info = tarfile.TarInfo(".rollyard.Dockerfile")
+        info.size = len(data)
+        archive.addfile(info, io.BytesIO(data))
+    buffer.seek(0)
+    try:
+        client.images.build(
+            fileobj=buffer, custom_context=True, dockerfile=".rollyard.Dockerfile", tag=tag,
+            network_mode="none", rm=True, forcerm=True, labels={KEY_LABEL: key},
+        )  # fmt: skip
+    except Exception as error:
+        raise SandboxSetupError(f"building the {kind} image on {parent} failed: {error}") from error
+    return tag
+
+
+def harbor_task_image(environment_dir: Path, *, base: str | None = None, client: Any = None) -> str:
+    """The image of a Harbor task that needs its Dockerfile (`environment/Dockerfile`), built on
+    the local base image."""
+    dockerfile = (environment_dir / "Dockerfile").read_text(encoding="utf-8")
+    return build_layer(base or base_image(), dockerfile, environment_dir, kind="task-env",
+                       client=client)  # fmt: skip
+
+
+def _tar_tree(root: Path, arc_root: str) -> io.BytesIO:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+
+        def owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
+            info.uid = info.gid = SANDBOX_UID
+            info.uname = info.gname = ""
+            return info
+
+        archive.add(str(root), arcname=arc_root, filter=owned)
+    buffer.seek(0)
+    return buffer
+
+
+def snapshot_image(parent: str, lower_dir: Path, digest: str, *, client: Any) -> str:
+    """The task layer: `parent` plus the snapshot at /workspace (uid 1000), tagged by hash."""
+    parent_id = _image_id(client, parent)
+    key = hashlib.sha256(f"{parent_id}\n{digest}".encode()).hexdigest()
+    tag = f"rollyard/task:{key[:24]}"
+    with contextlib.suppress(Exception):
+        client.images.get(tag)
+        return tag
+    container = client.containers.create(
+        parent, command=["true"], network_mode="none", labels={LABEL: "build"}
+    )
+    try:
+        ok = container.put_archive("/", _tar_tree(lower_dir, WORKSPACE_MOUNT.lstrip("/")))
+        state = tarfile.TarInfo(STATE_DIR.lstrip("/"))
+        state.type = tarfile.DIRTYPE
+        state.mode = 0o755
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as archive:
+            archive.addfile(state)
+        buffer.seek(0)
+        ok = ok and container.put_archive("/", buffer)
+        if not ok:
+            raise SandboxSetupError(f"copying the snapshot into {parent} failed")
+        container.commit(
+            repository="rollyard/task", tag=key[:24],
+            conf={"Labels": {KEY_LABEL: key}, "WorkingDir": WORKSPACE_MOUNT},
+        )  # fmt: skip
+    finally:
+        container.remove(force=True)
+    return tag
+
+
+def _cgroup_dirs(container_id: str, controller: str) -> Iterator[Path]:
+    root = Path("/sys/fs/cgroup")
+    yield root / controller / "docker" / container_id  # v1, cgroupfs driver
+    yield root / controller / "system.slice" / f"docker-{container_id}.scope"  # v1, systemd
+    yield root / "docker" / container_id  # v2, cgroupfs
+    yield root / "system.slice" / f"docker-{container_id}.scope"  # v2, systemd
+
+
+@functools.cache
+def _swept() -> bool:
+    """Remove containers whose owning process is gone (killed before it could close them)."""
+    with contextlib.suppress(SandboxUnavailableError):
+        client = _shared_client()
+        for container in client.containers.list(all=True, filters={"label": LABEL}):
+            owner = container.labels.get(OWNER_LABEL, "")
+            if not owner or not host.owner_alive(owner):
+                with contextlib.suppress(Exception):
+                    container.remove(force=True)
+    return True
+
+
+class DockerSandbox(Sandbox):
+    """A sandbox over `snapshot` in a warm container of `image` (default: the base image), with
+    the snapshot as the task layer at /workspace."""
+
+    backend_name = "docker"
+
+    def __init__(self, snapshot: Path, *, limits: Limits | None = None, image: str | None = None,
+                 client: Any = None) -> None:  # fmt: skip
+        limits = limits or Limits()
+        self._client = client or _shared_client()
+        _swept()
+        prepared = prepare_snapshot(
+            Path(snapshot), host.host_layout().root / "docker-snapshots", owner_uid=SANDBOX_UID
+        )
+        super().__init__(Path(snapshot), prepared.digest, limits)
+        self._closed = True  # until fully built
+        self._lower = prepared.lower_dir
+        self.image = snapshot_image(
+            image or base_image(), self._lower,
+            prepared.digest.removeprefix(DIGEST_PREFIX), client=self._client,
+        )  # fmt: skip
+        self._container: Any = None
+        self._start_container()
+        self._closed = False
+
+    # -- container lifecycle -------------------------------------------------------------------
+
+    def _start_container(self) -> None:
+        limits = self.limits
+        memory = f"{limits.memory_mb}m"
+        try:
+            self._container = self._client.containers.run(
+                self.image, command=["python3", "-c", _REAPER], detach=True,
+                network_mode="none", cap_drop=["ALL"], cap_add=["KILL"],
+                security_opt=["no-new-privileges"], mem_limit=memory, memswap_limit=memory,
+                pids_limit=int(limits.pids) + 1, nano_cpus=int(limits.cpus * 1e9),
+                tmpfs={"/tmp": f"size={limits.disk_mb}m,mode=1777",
+                       "/dev/shm": f"size={limits.disk_mb}m,mode=1777"},
+                ulimits=[{"Name": "nofile", "Soft": 1024, "Hard": 1024}],
+                working_dir=WORKSPACE_MOUNT, hostname="sandbox", stop_signal="SIGTERM",
+                labels={LABEL: "1", OWNER_LABEL: host.owner_token()},
+            )  # fmt: skip
+            self._container.reload()
+        except SandboxError:
+            raise
+        except Exception as error:
+            self._remove_container()
+            raise SandboxSetupError(f"cannot start a container of {self.image}: {error}") from error
+        self._init_pid = int(self._container.attrs["State"]["Pid"])
+        self._oom_kills = self._read_oom_kills()
+
+    def _remove_container(self) -> None:
+        container, self._container = self._container, None
+        if container is not None:
+            try:
+                container.remove(force=True)
+            except Exception as error:
+                import docker
+
+                if not isinstance(error, docker.errors.NotFound):
+                    raise SandboxSetupError(
+                        f"cannot remove container {container.short_id}: {error}"
+                    ) from error
+
+    def _close(self) -> None:
+        self._remove_container()
+
+    def reset(self) -> None:
+        self._check_open("reset")
+        self._remove_container()
+        self._start_container()
+
+    # -- processes -----------------------------------------------------------------------------
+
+    def _procs_file(self) -> Path | None:
+        for directory in _cgroup_dirs(self._container.id, "pids"):
+            if (directory / "cgroup.procs").exists():
+                return directory / "cgroup.procs"
+        return None
+
+    def _kill_commands(self) -> None:
+        """Kill every process of the container but its reaper, from the host (no exec needed)."""
+        procs = self._procs_file()
+        for _ in range(50):
+            if procs is None:
+                self._exec_raw(["kill", "-9", "-1"], user="0")
+                return
+            try:
+                pids = [int(p) for p in procs.read_text().split()]
+            except OSError:
+                return
+            victims = [pid for pid in pids if pid != self._init_pid]
+            if not victims:
+                return
+            for pid in victims:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.01)
+
+    def _read_oom_kills(self) -> int:
+        for directory in _cgroup_dirs(self._container.id, "memory"):
+            for name in ("memory.oom_control", "memory.events"):
+                with contextlib.suppress(OSError):
+                    for line in (directory / name).read_text().splitlines():
+                        key, _, value = line.partition(" ")
+                        if key == "oom_kill":
+                            return int(value)
+        return 0
+
+    def _exec_raw(self, argv: Sequence[str], *, user: str = str(SANDBOX_UID),
+                  env: Mapping[str, str] | None = None) -> tuple[int, bytes, bytes]:  # fmt: skip
+        api = self._client.api
+        exec_id = api.exec_create(self._container.id, list(argv), user=user,
+                                  workdir=WORKSPACE_MOUNT, environment=dict(env or {}))["Id"]  # fmt: skip
+        out, err = api.exec_start(exec_id, demux=True)
+        code = api.exec_inspect(exec_id)["ExitCode"]
+        return int(code if code is not None else -1), out or b"", err or b""
+
+    def execute(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout_s: float | None = None,
+        stdin: str | bytes | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> ExecResult:
+        self._check_open("execute")
+        if timeout_s is None:
+            timeout_s = self.limits.wall_time_s
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
+        if isinstance(command, str):
+            inner = ["/bin/sh", "-c", command]
+        else:
+            inner = [str(part) for part in command]
+            if not inner:
+                raise ValueError("execute() needs a non-empty command")
+        environment = {"HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
+                       "PYTHONDONTWRITEBYTECODE": "1"}  # fmt: skip
+        for name, value in (env or {}).items():
+            if not name or "=" in name or "\0" in name or "\0" in value:
+                raise ValueError(f"invalid environment variable name or value: {name!r}")
+            environment[name] = value
+        cpu_time_s = str(max(1, int(-(-self.limits.cpu_time_s // 1))))
+        if stdin is not None:
+            stdin_path = f"{STATE_DIR}/stdin-{secrets.token_hex(6)}"
+            self._put_file(stdin_path, stdin.encode() if isinstance(stdin, str) else stdin,
+                           uid=0, mode=0o444)  # fmt: skip
+            argv = ["/bin/sh", "-c", _LAUNCHER_STDIN, "launcher", cpu_time_s, stdin_path, *inner]
+        else:
+            argv = ["/bin/sh", "-c", _LAUNCHER, "launcher", cpu_time_s, *inner]
+        api = self._client.api
+        started = time.monotonic()
+        try:
+            exec_id = api.exec_create(self._container.id, argv, user=str(SANDBOX_UID),
+                                      workdir=WORKSPACE_MOUNT, environment=environment)["Id"]  # fmt: skip
+            stream = api.exec_start(exec_id, stream=True, demux=True)
+        except Exception as error:
+            raise SandboxSetupError(f"docker exec failed: {error}") from error
+        stdout = CappedBuffer(self.limits.output_bytes)
+        stderr = CappedBuffer(self.limits.output_bytes)
+        failure: list[BaseException] = []
+
+        def pump() -> None:
+            try:
+                for out_chunk, err_chunk in stream:
+                    if out_chunk:
+                        stdout.append(out_chunk)
+                    if err_chunk:
+                        stderr.append(err_chunk)
+            except Exception as error:  # the stream broke: reported below as a setup failure
+                failure.append(error)
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        reader.join(timeout_s)
+        timed_out = reader.is_alive()
+        if timed_out:
+            self._kill_commands()
+            reader.join(5.0)
+        duration_s = time.monotonic() - started
+        self._kill_commands()  # daemons and setsid children end with the call
+        if failure and not timed_out:
+            raise SandboxSetupError(f"reading the output of docker exec failed: {failure[0]}")
+        code = api.exec_inspect(exec_id).get("ExitCode")
+        exit_code = int(code) if code is not None else 137
+        oom = self._read_oom_kills()
+        oom_killed, self._oom_kills = oom > self._oom_kills, oom
+        if timed_out and exit_code == 0:
+            exit_code = 124
+        return ExecResult(
+            exit_code=exit_code,
+            stdout=stdout.text(),
+            stderr=stderr.text(),
+            duration_s=duration_s,
+            timed_out=timed_out,
+            oom_killed=oom_killed,
+            output_truncated=stdout.truncated or stderr.truncated,
+        )
+
+    # -- files ---------------------------------------------------------------------------------
+
+    def _relative(self, path: str) -> str:
+        relative = path
+        if posixpath.isabs(path):
+            if not (path == WORKSPACE_MOUNT or path.startswith(WORKSPACE_MOUNT + "/")):
+                raise WorkspacePathError(f"{path!r} is outside the workspace {WORKSPACE_MOUNT}")
+            relative = path[len(WORKSPACE_MOUNT) :].lstrip("/")
+        normal = posixpath.normpath(relative or ".")
+        if normal == ".." or normal.startswith("../"):
+            raise WorkspacePathError(f"{path!r} resolves outside the workspace (through '..')")
+        return normal
+
+    def _resolve(self, path: str, mode: str) -> tuple[int, bytes, bytes]:
+        relative = self._relative(path)
+        code, out, err = self._exec_raw(
+            ["/bin/sh", "-c", _RESOLVE, "resolve", f"{WORKSPACE_MOUNT}/{relative}", mode]
+        )
+        if code == 3:
+            raise WorkspacePathError(
+                f"{path!r} resolves outside the workspace (through '..' or a symlink)"
+            )
+        if code == 4:
+            raise IsADirectoryError(f"{path!r} is a directory in the workspace")
+        if code == 5:
+            raise FileNotFoundError(f"no file {path!r} in the workspace")
+        if code == 6:
+            raise WorkspacePathError(f"{path!r} is not a regular file (a FIFO, socket or device)")
+        if code != 0:
+            raise SandboxSetupError(f"cannot resolve {path!r}: {err.decode(errors='replace')}")
+        return code, out, err
+
+    def read_file(self, path: str) -> bytes:
+        self._check_open("read_file")
+        return self._resolve(path, "read")[1]
+
+    def _put_file(self, target: str, data: bytes, *, uid: int = SANDBOX_UID,
+                  mode: int = 0o644) -> None:  # fmt: skip
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as archive:
+            info = tarfile.TarInfo(posixpath.basename(target))
+            info.size, info.uid, info.gid, info.mode = len(data), uid, uid, mode
+            info.mtime = int(time.time())
+            archive.addfile(info, io.BytesIO(data))
+        buffer.seek(0)
+        if not self._container.put_archive(posixpath.dirname(target), buffer):
+            raise SandboxSetupError(f"cannot write {target} into the container")
+
+    def write_file(self, path: str, data: str | bytes) -> None:
+        self._check_open("write_file")
+        if self._relative(path) == ".":
+            raise WorkspacePathError(f"{path!r} is the workspace itself, not a file")
+        resolved = self._resolve(path, "write")[1].decode()
+        self._put_file(resolved, data.encode() if isinstance(data, str) else data)
+
+    # -- diff ----------------------------------------------------------------------------------
+
+    def diff(self) -> WorkspaceDiff:
+        self._check_open("diff")
+        prefix = WORKSPACE_MOUNT + "/"
+        changes = self._container.diff() or []
+        paths = sorted({c["Path"][len(prefix):] for c in changes if c["Path"].startswith(prefix)})
+        if not paths:
+            return WorkspaceDiff()
+        code, out, _ = self._exec_raw(["/bin/sh", "-c", _DESCRIBE, "describe", *paths])
+        if code != 0:
+            raise SandboxSetupError("cannot describe the changed workspace files")
+        described = out.decode("utf-8", "surrogateescape").splitlines()
+        added: set[str] = set()
+        modified: set[str] = set()
+        deleted: set[str] = set()
+
+        def lower_files(relative: str) -> list[str]:
+            base = self._lower / relative
+            if base.is_symlink() or base.is_file():
+                return [relative]
+            found = []
+            for dirpath, _, filenames in os.walk(base):
+                for name in filenames:
+                    found.append((Path(dirpath) / name).relative_to(self._lower).as_posix())
+            return found
+
+        for relative, line in zip(paths, described, strict=True):
+            lower = self._lower / relative
+            kind, _, rest = line.partition(" ")
+            if kind == "D":
+                if lower.is_symlink() or lower.is_file():
+                    deleted.add(relative)  # a file replaced by a directory
+                continue
+            if kind == "-":
+                deleted.update(lower_files(relative) if lower.exists() or lower.is_symlink()
+                               else [])  # fmt: skip
+                continue
+            if lower.is_symlink() or lower.is_file():
+                if not self._same(lower, kind, rest):
+                    modified.add(relative)
+            else:
+                if lower.is_dir():
+                    deleted.update(lower_files(relative))
+                added.add(relative)
+        return WorkspaceDiff(
+            added=tuple(sorted(added)),
+            modified=tuple(sorted(modified)),
+            deleted=tuple(sorted(deleted - added - modified)),
+        )
+
+    @staticmethod
+    def _same(lower: Path, kind: str, rest: str) -> bool:
+        if lower.is_symlink():
+            return kind == "L" and os.readlink(lower) == rest
+        if kind != "F":
+            return False
+        mode_text, _, digest = rest.partition(" ")
+        executable = bool(int(mode_text, 8) & 0o111)
+        if executable != bool(lower.stat().st_mode & 0o111):
+            return False
+        with lower.open("rb") as handle:
+            return hashlib.file_digest(handle, "sha256").hexdigest() == digest
