@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "flows.commands.sandbox",
     "flows.commands.train",
     "flows.commands.query",
+    "flows.commands.task_import",
 )
 
 EXIT_USAGE = 2

@@ -1,0 +1,137 @@
+"""`rollyard tasks synthesize` and `rollyard tasks import-swebench`: tasks from real repositories.
+Both add themselves to the `tasks` group of flows/commands/tasks.py; output is JSON lines."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from flows.cli import CliError
+
+EXIT_NOTHING = 1
+EXIT_SOME_ROWS_FAILED = 4
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
+
+
+def _tasks_commands(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse._SubParsersAction[argparse.ArgumentParser]:
+    """The sub-command action of the existing `tasks` group."""
+    tasks = subparsers.choices.get("tasks")
+    if tasks is None:
+        raise RuntimeError("flows.commands.tasks must be registered before task_import")
+    for action in tasks._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action
+    raise RuntimeError("the `tasks` parser has no sub-commands to extend")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    commands = _tasks_commands(subparsers)
+
+    synth = commands.add_parser(
+        "synthesize",
+        help="bug-fix tasks from a Python project with a pytest suite (AST mutants)",
+        description="Injects bugs with AST mutation operators, keeps the mutants the project's "
+        "own tests catch reliably, and writes each as a Harbor task under --out. Prints one JSON "
+        "report: mutants tried, tasks kept, verdict counts, time.",
+    )
+    synth.add_argument("project", type=Path, metavar="PROJECT_DIR")
+    synth.add_argument("--out", required=True, type=Path, help="directory to write the tasks to")
+    synth.add_argument("--max", type=_positive_int, default=10, dest="max_tasks",
+                       help="tasks to keep at most (default 10)")  # fmt: skip
+    synth.add_argument("--max-mutants", type=_positive_int, default=None,
+                       help="mutants to try at most (default 8 per task)")  # fmt: skip
+    synth.add_argument("--seed", type=int, default=0)
+    synth.add_argument("--workers", type=int, default=0,
+                       help="evaluate mutants on a local Dask cluster of N workers (0: in process)")  # fmt: skip
+    synth.add_argument("--scheduler", default=None,
+                       help="address of a Dask scheduler to evaluate mutants on")  # fmt: skip
+    synth.add_argument("--no-check", action="store_true",
+                       help="skip the oracle check of each kept task")  # fmt: skip
+    synth.set_defaults(handler=synthesize_command)
+
+    swebench = commands.add_parser(
+        "import-swebench",
+        help="Harbor tasks from SWE-bench instance rows and local clones",
+        description="Reads SWE-bench instances (JSONL: instance_id, repo, base_commit, patch, "
+        "test_patch, FAIL_TO_PASS, PASS_TO_PASS, problem_statement) and writes one task per row "
+        "from the clones under --repos (OWNER/NAME, OWNER__NAME or NAME). Prints one JSON line "
+        "per row; a bad row is reported and the rest still import.",
+    )
+    swebench.add_argument("instances", type=Path, metavar="FILE.jsonl")
+    swebench.add_argument("--repos", required=True, type=Path, help="directory of local clones")
+    swebench.add_argument("--out", required=True, type=Path, help="directory to write tasks to")
+    swebench.add_argument("--limit", type=_positive_int, default=None, help="rows to read at most")
+    swebench.set_defaults(handler=import_swebench_command)
+
+
+def _print(obj: dict[str, Any]) -> None:
+    print(json.dumps(obj), flush=True)
+
+
+def synthesize_command(args: argparse.Namespace) -> int:
+    from sandboxes import SandboxError
+    from tasks_lib import TaskError
+    from tasks_lib.synthesize import synthesize_tasks
+
+    if not args.project.is_dir():
+        raise CliError(f"{args.project} is not a directory; pass a Python project root")
+    client = None
+    cluster = None
+    try:
+        if args.scheduler or args.workers > 0:
+            from distributed import Client, LocalCluster
+
+            if args.scheduler:
+                client = Client(args.scheduler)
+            else:
+                cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1,
+                                       processes=True, dashboard_address=None)  # fmt: skip
+                client = Client(cluster)
+        report = synthesize_tasks(
+            args.project, args.out, max_tasks=args.max_tasks, seed=args.seed,
+            max_mutants=args.max_mutants, executor=client, check=not args.no_check,
+        )  # fmt: skip
+    except (TaskError, SandboxError, OSError) as error:
+        raise CliError(f"cannot synthesize tasks from {args.project}: {error}") from error
+    finally:
+        if client is not None:
+            client.close()
+        if cluster is not None:
+            cluster.close()
+    _print(report.to_json())
+    return 0 if report.tasks_kept else EXIT_NOTHING
+
+
+def import_swebench_command(args: argparse.Namespace) -> int:
+    from tasks_lib import TaskError
+    from tasks_lib.swebench import import_swebench
+
+    try:
+        report = import_swebench(
+            args.instances, args.repos, args.out, limit=args.limit,
+            progress=lambda row: _print(row.to_json()),
+        )  # fmt: skip
+    except (TaskError, OSError) as error:
+        raise CliError(str(error)) from error
+    print(
+        f"rollyard: imported {report.imported} of {len(report.rows)} row(s)"
+        + (f"; {report.failed} failed (see their error)" if report.failed else ""),
+        file=sys.stderr,
+    )
+    if not report.imported:
+        return EXIT_NOTHING
+    return EXIT_SOME_ROWS_FAILED if report.failed else 0
