@@ -162,7 +162,8 @@ def kill_group_dirs(dirs: list[Path], version: int, *, timeout_s: float = 5.0) -
     while True:
         pids: set[int] = set()
         for directory in dirs:
-            with contextlib.suppress(FileNotFoundError):
+            # ENODEV/ENOENT: the group is being removed, so it is empty anyway
+            with contextlib.suppress(FileNotFoundError, OSError):
                 pids.update(int(p) for p in (directory / "cgroup.procs").read_text().split())
         if not pids:
             return

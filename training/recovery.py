@@ -134,6 +134,7 @@ class FaultySandbox(Sandbox):
                 self.inner.execute("sleep 30", timeout_s=10)
             finally:
                 killer.cancel()
+                killer.join()  # the kill must be over before the pool closes the sandbox
             raise SandboxCrashedError("every process of the sandbox was SIGKILLed mid-command")
         if self.fault == "hang":
             result = self.inner.execute("sleep 3600", timeout_s=min(timeout_s or 1.0, 1.0))
