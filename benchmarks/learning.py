@@ -103,16 +103,28 @@ def mean_reward(trajectories: list[Trajectory]) -> float:
     return statistics.fmean(scored) if scored else 0.0
 
 
+def parse_difficulty(text: str) -> str | dict[str, float] | None:
+    """`mixed` (the family's own mix), one level (`easy`), or weights (`easy=3,medium=1`)."""
+    if text == "mixed":
+        return None
+    if "=" not in text:
+        return text
+    return {level: float(weight) for level, weight in (p.split("=") for p in text.split(","))}
+
+
 def run_seed(seed: int, args: argparse.Namespace, work_dir: Path) -> dict[str, float]:
     paths = generate_demo_tasks(
-        work_dir / f"tasks-{seed}", args.train_tasks + args.heldout_tasks, seed=seed
+        work_dir / f"tasks-{seed}",
+        args.train_tasks + args.heldout_tasks,
+        seed=seed,
+        difficulty=parse_difficulty(args.difficulty),
     )
     tasks = [load_task(path) for path in paths]
     train, heldout = tasks[: args.train_tasks], tasks[args.train_tasks :]
     config = EpisodeConfig(max_steps=args.max_steps, step_timeout_s=30.0)
     policy = CandidateScorerPolicy(ScorerConfig(init_seed=seed), seed=seed)
     untrained = pickle.loads(pickle.dumps(policy))
-    trainer = GRPOTrainer(policy, GRPOConfig(seed=seed))
+    trainer = GRPOTrainer(policy, GRPOConfig(seed=seed, learning_rate=args.learning_rate))
     rng = random.Random(seed)
     rewards: list[float] = []
     for iteration in range(args.iterations):
@@ -170,6 +182,12 @@ def main() -> None:
     parser.add_argument("--eval-samples", type=int, default=2)
     parser.add_argument("--max-steps", type=int, default=12)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--difficulty",
+        default="easy=3,medium=1",
+        help="demo task difficulty: mixed, easy, medium, hard or easy=3,medium=1",
+    )
+    parser.add_argument("--learning-rate", type=float, default=GRPOConfig().learning_rate)
     args = parser.parse_args()
     torch.set_num_threads(1)  # episodes run in threads; the network is tiny
 

@@ -5,10 +5,17 @@ operators of `mutate`, and writes a Harbor task: the buggy workspace with its vi
 hidden tests with other inputs (which also check result types), and the reverse patch as the
 solution. Everything is drawn from `random.Random(f"{seed}:{index}")`, so a seed fixes the tasks
 and task N is the same whatever the count.
+
+A difficulty knob sizes the tasks (`DIFFICULTY_LEVELS`): `easy` is one bug in a two-module
+package whose failing tests call the buggy function directly, `medium` two bugs over three
+modules, `hard` three bugs over three or four. Without it (`difficulty=None`) the bug count is
+drawn per task (`BUG_COUNT_WEIGHTS`) and the difficulty follows from it. A curriculum mixes
+levels by weight (`generate_demo_tasks(..., difficulty={"easy": 3, "medium": 1})`).
 """
 
 from __future__ import annotations
 
+import ast
 import copy
 import dataclasses
 import difflib
@@ -16,7 +23,7 @@ import random
 import shutil
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +39,36 @@ HIDDEN_CASES_PER_FUNCTION = 4
 BUG_COUNT_WEIGHTS = {1: 0.45, 2: 0.35, 3: 0.2}
 DIFFICULTY_BY_BUGS = {1: "easy", 2: "medium", 3: "hard"}
 MAX_ATTEMPTS_PER_TASK = 40
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DifficultyLevel:
+    """How big a task of one difficulty is."""
+
+    bugs: int
+    """Bugs injected (each in its own function)."""
+    module_counts: tuple[int, ...]
+    """Modules drawn for the package (one count chosen per task), before dependencies."""
+    standalone_modules: bool
+    """Draw only modules without dependencies, so no bug shows through another module."""
+    direct_failures: bool
+    """Every failing visible test calls a buggy function directly (none fails through a
+    caller), so the failing test names the function to fix."""
+    max_body_lines: int | None = None
+    """Bugs go only into functions whose body (docstring aside) has at most this many lines."""
+
+
+DIFFICULTY_LEVELS = {
+    "easy": DifficultyLevel(
+        bugs=1, module_counts=(2,), standalone_modules=True, direct_failures=True, max_body_lines=5
+    ),
+    "medium": DifficultyLevel(
+        bugs=2, module_counts=(3,), standalone_modules=False, direct_failures=False
+    ),
+    "hard": DifficultyLevel(
+        bugs=3, module_counts=(3, 4), standalone_modules=False, direct_failures=False
+    ),
+}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -58,6 +95,8 @@ class DemoTaskPlan:
     hidden_tests: tuple[str, ...]
     seed: int
     index: int
+    difficulty: str
+    """`easy`, `medium` or `hard` (as written to `task.toml`)."""
 
     @property
     def signature(self) -> tuple[Any, ...]:
@@ -113,6 +152,17 @@ def _passes(modules: dict[str, types.ModuleType], case: _Case) -> bool:
 # -- planning ---------------------------------------------------------------------------------
 
 
+def _body_lines(source: str, function: str) -> int:
+    """Lines of `function`'s body in `source`, its docstring left out."""
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef) and node.name == function:
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                body = body[1:]
+            return (node.end_lineno or node.lineno) - body[0].lineno + 1 if body else 0
+    raise GenerationError(f"no function {function!r} in the module source")
+
+
 def _draw_cases(
     rng: random.Random, specs: list[ModuleSpec]
 ) -> list[tuple[str, str, tuple[Any, ...], bool, int]]:
@@ -135,11 +185,28 @@ def _draw_cases(
     return drawn
 
 
-def plan_demo_task(seed: int, index: int, attempt: int = 0) -> DemoTaskPlan:
-    """Decide one task: package, modules, bugs and tests. Deterministic in (seed, index, attempt)."""
-    rng = random.Random(f"rollyard-demo:{seed}:{index}:{attempt}")
+def plan_demo_task(
+    seed: int, index: int, attempt: int = 0, *, difficulty: str | None = None
+) -> DemoTaskPlan:
+    """Decide one task: package, modules, bugs and tests. Deterministic in (seed, index, attempt,
+    difficulty); `difficulty=None` draws the bug count per task (the family's original mix)."""
+    level = None
+    if difficulty is not None:
+        if difficulty not in DIFFICULTY_LEVELS:
+            raise GenerationError(
+                f"unknown demo difficulty {difficulty!r}; use one of {', '.join(DIFFICULTY_LEVELS)}"
+            )
+        level = DIFFICULTY_LEVELS[difficulty]
+        rng = random.Random(f"rollyard-demo:{seed}:{index}:{attempt}:{difficulty}")
+    else:
+        rng = random.Random(f"rollyard-demo:{seed}:{index}:{attempt}")
     package = rng.choice(PACKAGE_NAMES)
-    names = rng.sample(sorted(MODULES), k=rng.randint(3, 4))
+    if level is None:
+        names = rng.sample(sorted(MODULES), k=rng.randint(3, 4))
+    else:
+        standalone = level.standalone_modules
+        pool = sorted(name for name in MODULES if not (standalone and MODULES[name].depends_on))
+        names = rng.sample(pool, k=rng.choice(level.module_counts))
     for name in list(names):
         for dependency in MODULES[name].depends_on:
             if dependency not in names:
@@ -162,7 +229,12 @@ def plan_demo_task(seed: int, index: int, attempt: int = 0) -> DemoTaskPlan:
         hidden = {c.test_name for c in cases if c.hidden and not _passes(modules, c)}
         return visible, hidden
 
-    bug_count = rng.choices(list(BUG_COUNT_WEIGHTS), weights=list(BUG_COUNT_WEIGHTS.values()))[0]
+    if level is None:
+        weights = list(BUG_COUNT_WEIGHTS.values())
+        bug_count = rng.choices(list(BUG_COUNT_WEIGHTS), weights=weights)[0]
+    else:
+        bug_count = level.bugs
+    function_of_test = {c.test_name: (c.module, c.function) for c in cases if not c.hidden}
     by_operator: dict[str, list[Mutation]] = {operator: [] for operator in OPERATORS}
     for spec in specs:
         for mutation in find_mutations(spec.source, spec.name):
@@ -177,6 +249,14 @@ def plan_demo_task(seed: int, index: int, attempt: int = 0) -> DemoTaskPlan:
         mutation = rng.choice(by_operator[operator])
         if (mutation.module, mutation.function) in used_functions:
             continue
+        small_enough = (
+            level is None
+            or level.max_body_lines is None
+            or _body_lines(MODULES[mutation.module].source, mutation.function)
+            <= level.max_body_lines
+        )
+        if not small_enough:
+            continue
         sources = dict(originals)
         sources[mutation.module] = mutation.apply(sources[mutation.module])
         try:
@@ -185,7 +265,15 @@ def plan_demo_task(seed: int, index: int, attempt: int = 0) -> DemoTaskPlan:
             continue  # the mutant does not even import
         # Each bug must show in the visible suite (the agent can find it) and in the hidden
         # one (hard-coding the visible answers does not pass).
-        if visible_failing and hidden_failing:
+        direct = all(
+            function_of_test[name] == (mutation.module, mutation.function)
+            for name in visible_failing
+        )
+        if (
+            visible_failing
+            and hidden_failing
+            and (direct or not level or not level.direct_failures)
+        ):
             chosen.append(mutation)
             used_functions.add((mutation.module, mutation.function))
     if not chosen:
@@ -217,6 +305,7 @@ def plan_demo_task(seed: int, index: int, attempt: int = 0) -> DemoTaskPlan:
         hidden_tests=hidden_tests,
         seed=seed,
         index=index,
+        difficulty=difficulty or DIFFICULTY_BY_BUGS[min(len(chosen), 3)],
     )
 
 
@@ -352,7 +441,7 @@ def write_demo_task(plan: DemoTaskPlan, task_dir: Path) -> Path:
     (tmp / "environment" / "Dockerfile").write_text(_DOCKERFILE)
     (tmp / "instruction.md").write_text(_instruction(plan))
 
-    difficulty = DIFFICULTY_BY_BUGS[min(len(plan.mutations), 3)]
+    difficulty = plan.difficulty
     document = {
         "version": HARBOR_FORMAT_VERSION,
         "metadata": {
@@ -397,14 +486,36 @@ def _write_script(path: Path, text: str) -> None:
     path.chmod(0o755)
 
 
+def difficulty_for_index(
+    difficulty: str | Mapping[str, float] | None, seed: int, index: int
+) -> str | None:
+    """The difficulty of task `index`: fixed, drawn from a weighted mix (deterministic in seed
+    and index, so task N is the same whatever the count), or None for the original mix."""
+    if difficulty is None or isinstance(difficulty, str):
+        return difficulty
+    levels = [level for level, weight in difficulty.items() if weight > 0]
+    unknown = [level for level in levels if level not in DIFFICULTY_LEVELS]
+    if not levels or unknown:
+        raise GenerationError(
+            f"a difficulty mix needs positive weights over {', '.join(DIFFICULTY_LEVELS)}; "
+            f"got {dict(difficulty)!r}"
+        )
+    rng = random.Random(f"rollyard-demo-difficulty:{seed}:{index}")
+    return rng.choices(levels, weights=[difficulty[level] for level in levels])[0]
+
+
 def generate_demo_tasks(
     out_dir: str | Path,
     count: int,
     seed: int = 0,
     *,
+    difficulty: str | Mapping[str, float] | None = None,
     progress: Callable[[int, Path], None] | None = None,
 ) -> list[Path]:
-    """Write `count` distinct demo tasks under `out_dir` (one directory per task id)."""
+    """Write `count` distinct demo tasks under `out_dir` (one directory per task id).
+
+    `difficulty`: one level for every task, a mix `{level: weight}` drawn per task, or None for
+    the family's original mix of one to three bugs."""
     if count < 1:
         raise GenerationError(f"count must be at least 1, got {count}")
     out = Path(out_dir)
@@ -412,8 +523,9 @@ def generate_demo_tasks(
     seen: set[tuple[Any, ...]] = set()
     written: list[Path] = []
     for index in range(count):
+        level = difficulty_for_index(difficulty, seed, index)
         for attempt in range(MAX_ATTEMPTS_PER_TASK):
-            plan = plan_demo_task(seed, index, attempt)
+            plan = plan_demo_task(seed, index, attempt, difficulty=level)
             if plan.signature not in seen:
                 break
         else:
