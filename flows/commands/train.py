@@ -10,6 +10,9 @@ from typing import Any
 from flows.cli import EXIT_USAGE, CliError
 
 DEMO_TASK_COUNT = 24
+DEMO_DIFFICULTY = {"easy": 3.0, "medium": 1.0}
+"""Curriculum of the demo's tasks: mostly one-bug tasks an untrained policy can stumble on,
+some two-bug ones (see `tasks_lib.families.demo.generate.DIFFICULTY_LEVELS`)."""
 
 
 def _positive_int(text: str) -> int:
@@ -51,7 +54,7 @@ def _common_train_options(parser: argparse.ArgumentParser, iterations: int = 6) 
         default=4,
         help="Prefect tasks (episode shards) per iteration",
     )
-    parser.add_argument("--max-steps", type=_positive_int, default=8)
+    parser.add_argument("--max-steps", type=_positive_int, default=10)
     parser.add_argument("--workers", type=_positive_int, default=2, help="Dask worker processes")
     parser.add_argument("--dask-address", default=None, help="a running Dask scheduler")
     parser.add_argument("--seed", type=int, default=0)
@@ -195,7 +198,7 @@ def demo_command(args: argparse.Namespace) -> int:
     tasks_dir = store_root / "demo-tasks"
     if not any(tasks_dir.glob("*/task.toml")):
         print(f"writing {args.task_count} demo tasks to {tasks_dir} ...", flush=True)
-        generate_demo_tasks(tasks_dir, args.task_count, seed=args.seed)
+        generate_demo_tasks(tasks_dir, args.task_count, seed=args.seed, difficulty=DEMO_DIFFICULTY)
     settings = _settings(args, tasks_dir)
     store = TrajectoryStore(str(store_root))
     if store.list_checkpoints(settings.run_id) and not args.resume:
