@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "flows.commands.train",
     "flows.commands.query",
     "flows.commands.task_import",
+    "flows.commands.curate",
 )
 
 EXIT_USAGE = 2
