@@ -108,7 +108,8 @@ def _extra_variants(node: ast.AST) -> Iterator[tuple[str, ast.AST | None]]:
     elif isinstance(node, ast.Continue):
         yield "break_continue", ast.Break()
     elif isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Add | ast.Sub | ast.Mult):
-        yield "lost_accumulation", ast.Assign([copy.deepcopy(node.target)], copy.deepcopy(node.value))
+        assign = ast.Assign([copy.deepcopy(node.target)], copy.deepcopy(node.value))
+        yield "lost_accumulation", ast.copy_location(assign, node)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
