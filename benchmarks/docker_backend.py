@@ -40,6 +40,20 @@ def line(name: str, samples: list[float]) -> None:
     print(f"{name:<40} p50 {p50:9.1f} ms   p90 {p90:9.1f} ms   (n={len(samples)})", flush=True)
 
 
+def measure_backend(backend: str, snapshot: Path, runs: int) -> None:
+    line(
+        f"{backend}: open + close",
+        timed(lambda: open_sandbox(snapshot, backend=backend).close(), runs),
+    )
+    with open_sandbox(snapshot, backend=backend) as sandbox:
+        line(f"{backend}: execute `true`", timed(lambda: sandbox.execute("true"), runs))
+        line(
+            f"{backend}: execute `python -c pass`",
+            timed(lambda: sandbox.execute(["python", "-c", "pass"]), runs),
+        )
+        line(f"{backend}: reset", timed(sandbox.reset, runs))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
@@ -55,13 +69,7 @@ def main() -> int:
              timed(lambda: client.containers.run(base_image(), ["true"], remove=True,
                                                  network_mode="none"), args.runs))  # fmt: skip
         for backend in ("bwrap", "docker"):
-            line(f"{backend}: open + close",
-                 timed(lambda: open_sandbox(snapshot, backend=backend).close(), args.runs))  # fmt: skip
-            with open_sandbox(snapshot, backend=backend) as sandbox:
-                line(f"{backend}: execute `true`", timed(lambda: sandbox.execute("true"), args.runs))  # noqa: B023
-                line(f"{backend}: execute `python -c pass`",
-                     timed(lambda: sandbox.execute(["python", "-c", "pass"]), args.runs))  # noqa: B023
-                line(f"{backend}: reset", timed(sandbox.reset, args.runs))
+            measure_backend(backend, snapshot, args.runs)
     return 0
 
 

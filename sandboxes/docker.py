@@ -509,7 +509,7 @@ class DockerSandbox(Sandbox):
         self._check_open("diff")
         prefix = WORKSPACE_MOUNT + "/"
         changes = self._container.diff() or []
-        paths = sorted({c["Path"][len(prefix):] for c in changes if c["Path"].startswith(prefix)})
+        paths = sorted({c["Path"][len(prefix) :] for c in changes if c["Path"].startswith(prefix)})
         if not paths:
             return WorkspaceDiff()
         code, out, _ = self._exec_raw(["/bin/sh", "-c", _DESCRIBE, "describe", *paths])

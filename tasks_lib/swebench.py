@@ -266,8 +266,12 @@ def import_row(row: Any, repos_dir: Path, out_dir: Path) -> tuple[Path, int]:
             "metadata": metadata,
             "verifier": {"timeout_sec": 900.0},
             "agent": {"timeout_sec": 3600.0},
-            "environment": {"build_timeout_sec": 1800.0, "cpus": 1, "memory_mb": 4096,
-                            "storage_mb": 4096},  # fmt: skip
+            "environment": {
+                "build_timeout_sec": 1800.0,
+                "cpus": 1,
+                "memory_mb": 4096,
+                "storage_mb": 4096,
+            },
             "rollyard": {
                 "id": task_id,
                 "version": "1",
@@ -279,8 +283,13 @@ def import_row(row: Any, repos_dir: Path, out_dir: Path) -> tuple[Path, int]:
                 "fail_to_pass": fail_to_pass,
                 "pass_to_pass": kept_p2p,
                 "protected": test_patch_paths,
-                "limits": {"wall_time_s": 900.0, "memory_mb": 4096, "disk_mb": 4096,
-                           "cpu_time_s": 1800.0, "verify_timeout_s": 900.0},  # fmt: skip
+                "limits": {
+                    "wall_time_s": 900.0,
+                    "memory_mb": 4096,
+                    "disk_mb": 4096,
+                    "cpu_time_s": 1800.0,
+                    "verify_timeout_s": 900.0,
+                },
             },
         }
         (tmp / "task.toml").write_bytes(tomli_w.dumps(document).encode())

@@ -75,14 +75,14 @@ class _Site:
     """None: the statement is removed (replaced by `pass`)."""
 
 
-def _extra_variants(node: ast.AST) -> Iterator[tuple[str, ast.AST | None]]:
+def _extra_variants(node: ast.AST) -> Iterator[tuple[str, ast.AST | _TestEdit | None]]:
     if isinstance(node, ast.Compare):
         for index, op in enumerate(node.ops):
             swap = {ast.Is: ast.IsNot, ast.IsNot: ast.Is}.get(type(op))
             if swap is not None:
-                mutated = copy.deepcopy(node)
-                mutated.ops[index] = swap()
-                yield "identity", mutated
+                compare = copy.deepcopy(node)
+                compare.ops[index] = swap()
+                yield "identity", compare
     elif isinstance(node, ast.If | ast.While) and not (
         isinstance(node.test, ast.Constant)  # `while True:` loops forever when negated
     ):
@@ -100,9 +100,9 @@ def _extra_variants(node: ast.AST) -> Iterator[tuple[str, ast.AST | None]]:
         and not any(isinstance(arg, ast.Starred) for arg in node.args[:2])
         and ast.dump(node.args[0]) != ast.dump(node.args[1])
     ):
-        mutated = copy.deepcopy(node)
-        mutated.args[0], mutated.args[1] = mutated.args[1], mutated.args[0]
-        yield "swapped_arguments", mutated
+        call = copy.deepcopy(node)
+        call.args[0], call.args[1] = call.args[1], call.args[0]
+        yield "swapped_arguments", call
     elif isinstance(node, ast.Break):
         yield "break_continue", ast.Continue()
     elif isinstance(node, ast.Continue):
@@ -186,11 +186,11 @@ def find_sites(tree: ast.Module) -> list[_Site]:
             # The demo operators expect a plain function; they only read its argument names.
             for operator, replacement in demo_variants(node, function):  # type: ignore[arg-type]
                 sites.append(_Site(operator, name, node, replacement))
-            for operator, replacement in _extra_variants(node):
-                if isinstance(replacement, _TestEdit):
-                    sites.append(_Site(operator, name, replacement.target, replacement.replacement))
+            for operator, extra in _extra_variants(node):
+                if isinstance(extra, _TestEdit):
+                    sites.append(_Site(operator, name, extra.target, extra.replacement))
                 else:
-                    sites.append(_Site(operator, name, node, replacement))
+                    sites.append(_Site(operator, name, node, extra))
     return sites
 
 

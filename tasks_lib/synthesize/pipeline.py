@@ -175,7 +175,9 @@ def evaluate_mutants(
 # -- choosing mutants -----------------------------------------------------------------------------
 
 
-def candidate_mutations(workspace: Path, layout: ProjectLayout, seed: int) -> Iterator[SourceMutation]:
+def candidate_mutations(
+    workspace: Path, layout: ProjectLayout, seed: int
+) -> Iterator[SourceMutation]:
     """Distinct mutations in a seeded order that cycles through operators, so common kinds
     (variable swaps) do not crowd out the rare ones."""
     rng = random.Random(f"rollyard-synth:{seed}")
@@ -324,7 +326,7 @@ def synthesize_tasks(
         while len(kept) < max_tasks and tried < max_mutants:
             batches = []
             for _ in range(wave):
-                batch = []
+                batch: list[SourceMutation] = []
                 while len(batch) < batch_size and tried + len(batch) < max_mutants:
                     mutation = next(mutations, None)
                     if mutation is None:
@@ -562,8 +564,12 @@ def write_synthesized_task(
         },
         "verifier": {"timeout_sec": 300.0},
         "agent": {"timeout_sec": 900.0},
-        "environment": {"build_timeout_sec": 600.0, "cpus": 1, "memory_mb": 2048,
-                        "storage_mb": 1024},  # fmt: skip
+        "environment": {
+            "build_timeout_sec": 600.0,
+            "cpus": 1,
+            "memory_mb": 2048,
+            "storage_mb": 1024,
+        },
         "rollyard": {
             "id": task_id,
             "version": "1",
@@ -575,8 +581,13 @@ def write_synthesized_task(
             "fail_to_pass": list(result.fail_to_pass),
             "pass_to_pass": list(result.pass_to_pass),
             "protected": list(layout.protected),
-            "limits": {"wall_time_s": 300.0, "cpu_time_s": 600.0, "memory_mb": 2048,
-                       "disk_mb": 1024, "verify_timeout_s": 300.0},  # fmt: skip
+            "limits": {
+                "wall_time_s": 300.0,
+                "cpu_time_s": 600.0,
+                "memory_mb": 2048,
+                "disk_mb": 1024,
+                "verify_timeout_s": 300.0,
+            },
         },
     }
     (tmp / "task.toml").write_bytes(tomli_w.dumps(document).encode())

@@ -18,7 +18,7 @@ def engine() -> None:
     from sandboxes.errors import SandboxUnavailableError
 
     try:
-        from sandboxes.docker import _shared_client, _image_id, base_image
+        from sandboxes.docker import _image_id, _shared_client, base_image
 
         _image_id(_shared_client(), base_image())
     except SandboxUnavailableError as error:

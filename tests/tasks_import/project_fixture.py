@@ -55,7 +55,7 @@ class Counter:
         return max(self.counts, key=lambda key: (self.counts[key], key))
 '''
 
-TESTS = '''\
+TESTS = """\
 import pytest
 
 from helpers.core import Counter, clamp, first_negative, slug, total
@@ -103,7 +103,7 @@ class TestCounter:
         counter.add("b", 3)
         assert counter.most_common() == "b"
         assert Counter().most_common() is None
-'''
+"""
 
 
 def make_project(root: Path, *, src_layout: bool = False) -> Path:

@@ -84,8 +84,14 @@ def test_rows_import_with_history_sanitized_and_bad_rows_reported(
         json.dumps(_row(base, patches, instance_id="acme__geometry-3", test_patch="garbage\n")),
         json.dumps({"instance_id": "acme__geometry-4"}),
         json.dumps(_row(base, patches, instance_id="acme__geometry-5", repo="acme/missing")),
-        json.dumps(_row(base, patches, instance_id="acme__geometry-6",
-                        FAIL_TO_PASS=["test_area (tests.GeometryTest)"])),  # fmt: skip
+        json.dumps(
+            _row(
+                base,
+                patches,
+                instance_id="acme__geometry-6",
+                FAIL_TO_PASS=["test_area (tests.GeometryTest)"],
+            )
+        ),
     ]
     instances = tmp_path / "instances.jsonl"
     instances.write_text("\n".join(lines) + "\n")
