@@ -88,3 +88,13 @@ def test_containers_are_removed(engine: None, tmp_path: Path) -> None:
     sandbox.close()
     after = {c.id for c in client.containers.list(all=True, filters={"label": LABEL})}
     assert after <= before
+
+
+def test_a_task_verifies_on_the_docker_backend(engine: None, tmp_path: Path) -> None:
+    from tasks_lib import generate_demo_tasks, load_task, solution_changes, verify
+
+    task = load_task(generate_demo_tasks(tmp_path / "tasks", 1, seed=5)[0])
+    solved = verify(task, solution_changes(task, backend="docker"), backend="docker")
+    untouched = verify(task, None, backend="docker")
+    assert (solved.status, solved.reward) == ("ok", 1.0), solved.detail
+    assert (untouched.status, untouched.reward) == ("ok", 0.0), untouched.detail
