@@ -14,6 +14,7 @@ import ast
 import copy
 import dataclasses
 import hashlib
+import warnings
 from collections.abc import Iterator
 
 from tasks_lib.families.demo.mutate import OPERATORS as DEMO_OPERATORS
@@ -120,6 +121,13 @@ class _TestEdit:
     replacement: ast.AST
 
 
+def _parse(source: bytes) -> ast.Module:
+    # Real projects carry invalid escape sequences and the like: their warnings are not ours.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ast.parse(source)
+
+
 def _is_stub(function: FunctionNode) -> bool:
     body = _body(function)
     if not body:
@@ -200,7 +208,7 @@ class ModuleMutator:
     def __init__(self, path: str, source: bytes) -> None:
         self.path = path
         self.source = source
-        self.tree = ast.parse(source)
+        self.tree = _parse(source)
         self.sites = find_sites(self.tree)
         self._line_starts = [0]
         for line in source.splitlines(keepends=True):
@@ -249,7 +257,7 @@ class ModuleMutator:
                 continue
             mutated = self.source[:start] + candidate_text.encode() + self.source[end:]
             try:
-                parsed = ast.parse(mutated)
+                parsed = _parse(mutated)
             except SyntaxError:
                 continue
             if ast.dump(parsed) == wanted:
