@@ -299,7 +299,7 @@ def synthesize_tasks(
     staging = Path(tempfile.mkdtemp(prefix=".synthesis-", dir=out))
     try:
         workspace = staging / "workspace"
-        copy_clean(project, workspace)
+        copy_clean(project, workspace, skip=(out,))
         layout = inspect_project(workspace, name or project.name)
         if layout.src_layout:
             add_src_shim(workspace)

@@ -59,10 +59,12 @@ def is_test_file(relative: str) -> bool:
     )
 
 
-def copy_clean(source: Path, dest: Path) -> None:
+def copy_clean(source: Path, dest: Path, *, skip: tuple[Path, ...] = ()) -> None:
     """Copy `source` to the new directory `dest` without VCS, caches, backups or build output.
 
-    Symlinks are kept only when they stay inside the tree; special files are skipped."""
+    Symlinks are kept only when they stay inside the tree; special files are skipped, and so are
+    the directories in `skip` (an output directory inside the project)."""
+    skipped = {os.path.realpath(path) for path in (*skip, dest)}
     if not source.is_dir():
         raise GenerationError(f"project {source} is not a directory; pass a Python project root")
     real_root = os.path.realpath(source)
@@ -73,7 +75,9 @@ def copy_clean(source: Path, dest: Path) -> None:
         dirnames[:] = sorted(
             name
             for name in dirnames
-            if not _excluded(name, True) and not (here / name).is_symlink()
+            if not _excluded(name, True)
+            and not (here / name).is_symlink()
+            and os.path.realpath(here / name) not in skipped
         )
         for name in dirnames:
             (dest / rel_dir / name).mkdir()

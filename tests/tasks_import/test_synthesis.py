@@ -68,6 +68,8 @@ def test_clean_copy_drops_history_caches_and_backups(tmp_path: Path) -> None:
     project = make_project(tmp_path / "project")
     copy_clean(project, tmp_path / "clean")
     assert _leaks(tmp_path / "clean") == []
+    copy_clean(project, project / "out" / "clean", skip=(project / "out",))  # output inside
+    assert not (project / "out" / "clean" / "out").exists()
     layout = inspect_project(tmp_path / "clean")
     assert layout.test_paths == ("tests",)
     assert layout.library_files == ("helpers/__init__.py", "helpers/core.py")
