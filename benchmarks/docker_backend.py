@@ -22,11 +22,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sandboxes import open_sandbox
 
 
-def timed(action: Callable[[], object], runs: int, warmup: int = 1) -> list[float]:
+def timed(
+    action: Callable[[], object], runs: int, warmup: int = 1, gap_s: float = 0.0
+) -> list[float]:
+    """Wall ms per call; `gap_s` of idle time (an episode's work) precedes each timed call."""
     for _ in range(warmup):
         action()
     samples = []
     for _ in range(runs):
+        time.sleep(gap_s)
         started = time.perf_counter()
         action()
         samples.append((time.perf_counter() - started) * 1000)
@@ -51,7 +55,8 @@ def measure_backend(backend: str, snapshot: Path, runs: int) -> None:
             f"{backend}: execute `python -c pass`",
             timed(lambda: sandbox.execute(["python", "-c", "pass"]), runs),
         )
-        line(f"{backend}: reset", timed(sandbox.reset, runs))
+        line(f"{backend}: reset, back to back", timed(sandbox.reset, runs))
+        line(f"{backend}: reset after 1 s of episode", timed(sandbox.reset, runs, gap_s=1.0))
 
 
 def main() -> int:

@@ -27,13 +27,13 @@ import tarfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from sandboxes import host
 from sandboxes.base import WORKSPACE_MOUNT, ExecResult, Limits, Sandbox, WorkspaceDiff
 from sandboxes.errors import (
-    SandboxError,
     SandboxSetupError,
     SandboxUnavailableError,
     WorkspacePathError,
@@ -236,6 +236,31 @@ def _cgroup_dirs(container_id: str, controller: str) -> Iterator[Path]:
 
 
 @functools.cache
+def _background() -> ThreadPoolExecutor:
+    """Threads that start spare containers and remove used ones off the caller's path."""
+    return ThreadPoolExecutor(max_workers=4, thread_name_prefix="rollyard-docker")
+
+
+def _remove(container: Any) -> None:
+    import docker
+
+    try:
+        container.remove(force=True)
+    except docker.errors.NotFound:
+        pass
+    except Exception as error:
+        raise SandboxSetupError(f"cannot remove container {container.short_id}: {error}") from error
+
+
+def _remove_spare(spare: Future[Any]) -> None:
+    try:
+        container = spare.result()
+    except SandboxSetupError:
+        return  # it never started: nothing to remove
+    _remove(container)
+
+
+@functools.cache
 def _swept() -> bool:
     """Remove containers whose owning process is gone (killed before it could close them)."""
     with contextlib.suppress(SandboxUnavailableError):
@@ -270,16 +295,20 @@ class DockerSandbox(Sandbox):
             prepared.digest.removeprefix(DIGEST_PREFIX), client=self._client,
         )  # fmt: skip
         self._container: Any = None
+        self._spare: Future[Any] | None = None
+        self._pending: list[Future[None]] = []
         self._start_container()
         self._closed = False
 
     # -- container lifecycle -------------------------------------------------------------------
 
-    def _start_container(self) -> None:
+    def _new_container(self) -> Any:
+        """Start a container of the task image (its reaper as PID 1) and return it."""
         limits = self.limits
         memory = f"{limits.memory_mb}m"
+        container = None
         try:
-            self._container = self._client.containers.run(
+            container = self._client.containers.run(
                 self.image, command=["python3", "-c", _REAPER], detach=True,
                 network_mode="none", cap_drop=["ALL"], cap_add=["KILL"],
                 security_opt=["no-new-privileges"], mem_limit=memory, memswap_limit=memory,
@@ -290,35 +319,58 @@ class DockerSandbox(Sandbox):
                 working_dir=WORKSPACE_MOUNT, hostname="sandbox", stop_signal="SIGTERM",
                 labels={LABEL: "1", OWNER_LABEL: host.owner_token()},
             )  # fmt: skip
-            self._container.reload()
-        except SandboxError:
-            raise
+            container.reload()
         except Exception as error:
-            self._remove_container()
+            if container is not None:
+                _remove(container)
             raise SandboxSetupError(f"cannot start a container of {self.image}: {error}") from error
-        self._init_pid = int(self._container.attrs["State"]["Pid"])
+        return container
+
+    def _adopt(self, container: Any) -> None:
+        self._container = container
+        self._init_pid = int(container.attrs["State"]["Pid"])
         self._oom_kills = self._read_oom_kills()
 
-    def _remove_container(self) -> None:
-        container, self._container = self._container, None
-        if container is not None:
-            try:
-                container.remove(force=True)
-            except Exception as error:
-                import docker
-
-                if not isinstance(error, docker.errors.NotFound):
-                    raise SandboxSetupError(
-                        f"cannot remove container {container.short_id}: {error}"
-                    ) from error
+    def _start_container(self) -> None:
+        self._adopt(self._new_container())
 
     def _close(self) -> None:
-        self._remove_container()
+        errors: list[BaseException] = []
+        container, self._container = self._container, None
+        futures = list(self._pending)
+        if self._spare is not None:
+            futures.append(_background().submit(_remove_spare, self._spare))
+            self._spare = None
+        try:
+            if container is not None:
+                _remove(container)
+        except SandboxSetupError as error:
+            errors.append(error)
+        for future in futures:
+            try:
+                future.result()
+            except SandboxSetupError as error:
+                errors.append(error)
+        self._pending.clear()
+        if errors:
+            raise errors[0]
 
     def reset(self) -> None:
+        """Swap in a fresh container: the spare one started after the previous reset when it is
+        ready (so a reset costs about an exec), a new one otherwise; the old one is removed in the
+        background and `close()` waits for that."""
         self._check_open("reset")
-        self._remove_container()
-        self._start_container()
+        old, self._container = self._container, None
+        if old is not None:
+            self._pending.append(_background().submit(_remove, old))
+        spare, self._spare = self._spare, None
+        fresh = spare.result() if spare is not None else self._new_container()
+        self._adopt(fresh)
+        self._spare = _background().submit(self._new_container)
+        done = [future for future in self._pending if future.done()]
+        self._pending = [future for future in self._pending if not future.done()]
+        for future in done:
+            future.result()  # a failed removal surfaces here, not silently
 
     # -- processes -----------------------------------------------------------------------------
 
