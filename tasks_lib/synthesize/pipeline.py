@@ -46,7 +46,14 @@ BASELINE_RUNS = 2
 MAX_LISTED_FAILURES = 10
 
 Verdict = Literal[
-    "kept", "survived", "breaks_everything", "unstable", "timeout", "broken", "unverifiable"
+    "kept",
+    "survived",
+    "breaks_everything",
+    "too_broad",
+    "unstable",
+    "timeout",
+    "broken",
+    "unverifiable",
 ]
 
 
@@ -120,6 +127,7 @@ def evaluate_mutants(
     limits: Limits | None = None,
     timeout_s: float = 60.0,
     stability_runs: int = 2,
+    max_fail_to_pass: int = 50,
 ) -> list[MutantResult]:
     """Run the suite on each mutant of `workspace` (one sandbox, reset between mutants)."""
     root = Path(workspace)
@@ -158,6 +166,9 @@ def evaluate_mutants(
             pass_to_pass = tuple(t for t in baseline if t not in failing and t in checkable_set)
             if not fail_to_pass or not pass_to_pass:
                 results.append(MutantResult(mutation, "unverifiable", duration_s=duration_s))
+                continue
+            if len(fail_to_pass) > max_fail_to_pass:
+                results.append(MutantResult(mutation, "too_broad", duration_s=duration_s))
                 continue
             results.append(
                 MutantResult(
@@ -280,13 +291,15 @@ def synthesize_tasks(
     backend: str = "bwrap",
     limits: Limits | None = None,
     check: bool = True,
+    max_fail_to_pass: int | None = None,
     progress: Callable[[MutantResult], None] | None = None,
 ) -> SynthesisReport:
     """Write up to `max_tasks` bug-fix tasks for the project at `project_dir` under `out_dir`.
 
     `max_mutants` caps the mutants tried (default 8 per wanted task). With `check`, every kept
-    task must pass the oracle check (`tasks_lib.check_task`) or it is dropped. The project must
-    be readable by the sandbox workers (with a Dask client: a shared filesystem).
+    task must pass the oracle check (`tasks_lib.check_task`) or it is dropped. A mutant failing
+    more than `max_fail_to_pass` tests is too broad a task (default: curation's bound). The
+    project must be readable by the sandbox workers (with a Dask client: a shared filesystem).
     """
     if max_tasks < 1:
         raise GenerationError(f"max_tasks must be at least 1, got {max_tasks}")
@@ -296,6 +309,10 @@ def synthesize_tasks(
     out.mkdir(parents=True, exist_ok=True)
     limits = limits or Limits(wall_time_s=300.0, cpu_time_s=600.0, memory_mb=2048)
     max_mutants = max_mutants or 8 * max_tasks
+    if max_fail_to_pass is None:
+        from tasks_lib.curate.settings import CurationSettings
+
+        max_fail_to_pass = CurationSettings().max_fail_to_pass
     staging = Path(tempfile.mkdtemp(prefix=".synthesis-", dir=out))
     try:
         workspace = staging / "workspace"
@@ -310,7 +327,12 @@ def synthesize_tasks(
 
         def submit(batch: tuple[SourceMutation, ...]) -> Any:
             args = (str(workspace), layout.test_paths, baseline, checkable, batch)
-            kwargs = {"backend": backend, "limits": limits, "timeout_s": timeout_s}
+            kwargs = {
+                "backend": backend,
+                "limits": limits,
+                "timeout_s": timeout_s,
+                "max_fail_to_pass": max_fail_to_pass,
+            }
             if executor is None:
                 done: Future[list[MutantResult]] = Future()
                 done.set_result(evaluate_mutants(*args, **kwargs))  # type: ignore[arg-type]
