@@ -204,7 +204,10 @@ def snapshot_image(parent: str, lower_dir: Path, digest: str, *, client: Any) ->
         client.images.get(tag)
         return tag
     container = client.containers.create(
-        parent, command=["true"], network_mode="none", labels={LABEL: "build"}
+        parent,
+        command=["true"],
+        network_mode="none",
+        labels={LABEL: "build", OWNER_LABEL: host.owner_token()},
     )
     try:
         ok = container.put_archive("/", _tar_tree(lower_dir, WORKSPACE_MOUNT.lstrip("/")))
