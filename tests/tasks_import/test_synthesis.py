@@ -153,6 +153,7 @@ REAL_PACKAGES = ("inflection==0.5.1", "cachetools==5.5.2", "toolz==1.0.0")
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("requirement", REAL_PACKAGES)
 def test_real_package_from_pypi(requirement: str, tmp_path: Path) -> None:
     """An sdist with its own test suite, fetched at test time (never committed)."""
