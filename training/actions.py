@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any
 
 from training.errors import ActionParseError
@@ -46,15 +47,54 @@ class EditFile:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class TryEdit:
+    """One trial of a fix as one step: make an edit (as `EditFile` does), run `test_command`, and
+    keep the edit only if the run passes or fails fewer than `failing_before` tests; otherwise
+    the file is put back as it was. The observation is the test run's output and the verdict.
+
+    The built-in policy acts with it: a trial costs one step, and a wrong guess leaves nothing
+    behind that a later guess would have to undo."""
+
+    path: str
+    old_text: str
+    new_text: str
+    test_command: str
+    failing_before: int
+    """Failing tests before the edit (the count the run must go below to keep it)."""
+    tool = "try_edit"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Submit:
     """Declare the task done; the episode ends (terminated) and the verifier runs."""
 
     tool = "submit"
 
 
-Action = RunCommand | ReadFile | EditFile | Submit
+Action = RunCommand | ReadFile | EditFile | TryEdit | Submit
 
 TOOL_NAMES = ("run_command", "read_file", "edit_file", "submit")
+"""The primitive tools every policy speaks (the tools a chat model is offered)."""
+ALL_TOOL_NAMES = (*TOOL_NAMES, "try_edit")
+"""Also `try_edit`: edit, test and keep-or-revert in one step (the built-in policy's trials)."""
+
+TRIAL_KEPT = "[edit kept"
+TRIAL_REVERTED = "[edit reverted"
+"""How a `try_edit` observation's last line starts, so a policy can read the verdict."""
+
+_FAILED_COUNT = re.compile(r"(\d+) (?:failed|errors?)\b")
+
+
+def failing_test_count(output: str, exit_code: int | None) -> int | None:
+    """Failing tests (failures plus errors) a pytest run reports in its summary; 0 when it
+    exited 0; None when the output says nothing countable (collection interrupted, no summary)."""
+    if exit_code == 0:
+        return 0
+    tail = output[-400:]
+    if "Interrupted" in tail or "no tests ran" in tail:
+        return None
+    counts = [int(n) for n in _FAILED_COUNT.findall(tail)]
+    return sum(counts) if counts else None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -95,7 +135,7 @@ class History:
 # -- one JSON form for every action -----------------------------------------------------------
 
 
-def action_arguments(action: Action) -> dict[str, str]:
+def action_arguments(action: Action) -> dict[str, Any]:
     """The tool-call arguments of `action` (what an LLM puts in `tool_calls[].function`)."""
     match action:
         case RunCommand(command=command):
@@ -104,6 +144,14 @@ def action_arguments(action: Action) -> dict[str, str]:
             return {"path": path}
         case EditFile(path=path, old_text=old_text, new_text=new_text):
             return {"path": path, "old_text": old_text, "new_text": new_text}
+        case TryEdit():
+            return {
+                "path": action.path,
+                "old_text": action.old_text,
+                "new_text": action.new_text,
+                "test_command": action.test_command,
+                "failing_before": action.failing_before,
+            }
         case Submit():
             return {}
 
@@ -138,9 +186,22 @@ def action_from_tool_call(name: str, arguments: str | dict[str, Any]) -> Action:
         return ReadFile(field("path"))
     if name == "edit_file":
         return EditFile(field("path"), field("old_text"), field("new_text"))
+    if name == "try_edit":
+        failing_before = parsed.get("failing_before")
+        if not isinstance(failing_before, int) or isinstance(failing_before, bool):
+            raise ActionParseError(
+                f"tool 'try_edit' needs an integer argument 'failing_before'; got {failing_before!r}"
+            )
+        return TryEdit(
+            field("path"),
+            field("old_text"),
+            field("new_text"),
+            field("test_command"),
+            failing_before,
+        )
     if name == "submit":
         return Submit()
-    raise ActionParseError(f"unknown tool {name!r}; use one of {', '.join(TOOL_NAMES)}")
+    raise ActionParseError(f"unknown tool {name!r}; use one of {', '.join(ALL_TOOL_NAMES)}")
 
 
 def action_to_json(action: Action) -> str:
@@ -159,7 +220,7 @@ def action_from_json(text: str) -> Action:
         ) from None
     if not isinstance(parsed, dict) or not isinstance(parsed.get("tool"), str):
         raise ActionParseError(
-            f'an action needs a "tool" field naming one of {", ".join(TOOL_NAMES)}; '
+            f'an action needs a "tool" field naming one of {", ".join(ALL_TOOL_NAMES)}; '
             f"got {text[:80]!r}"
         )
     tool = parsed.pop("tool")

@@ -18,6 +18,8 @@ from typing import Protocol
 from sandboxes import ExecResult, Sandbox, SandboxError, WorkspacePathError
 from tasks_lib.model import Task
 from training.actions import (
+    TRIAL_KEPT,
+    TRIAL_REVERTED,
     Action,
     EditFile,
     History,
@@ -25,7 +27,9 @@ from training.actions import (
     ReadFile,
     RunCommand,
     Submit,
+    TryEdit,
     cap_text,
+    failing_test_count,
 )
 from training.policy import Policy
 from training.trajectory import EpisodeKey, EpisodeStatus, Step, Trajectory
@@ -115,26 +119,58 @@ def apply_action(
             text, cut = cap_text(data.decode("utf-8", errors="replace"), max_chars)
             return Observation(text, 0, cut), False
         case EditFile(path=path, old_text=old_text, new_text=new_text):
-            try:
-                content = sandbox.read_file(path).decode("utf-8", errors="replace")
-            except (OSError, WorkspacePathError) as error:
-                return Observation(f"cannot edit {path!r}: {error}", 1), False
-            if not old_text:
-                return Observation("old_text is empty; give the exact text to replace", 1), False
-            count = content.count(old_text)
-            if count != 1:
-                reason = "does not occur" if count == 0 else f"occurs {count} times"
-                hint = "read the file again" if count == 0 else "include more surrounding lines"
-                return Observation(
-                    f"edit not applied: old_text {reason} in {path}; {hint}", 1
-                ), False
-            try:
-                sandbox.write_file(path, content.replace(old_text, new_text, 1))
-            except WorkspacePathError as error:
-                return Observation(f"cannot edit {path!r}: {error}", 1), False
-            return Observation(f"edited {path}", 0), False
+            observation, _ = _edit(sandbox, path, old_text, new_text)
+            return observation, False
+        case TryEdit():
+            return _try_edit(sandbox, action, timeout_s=timeout_s, max_chars=max_chars)
         case Submit():
             return Observation("submitted", 0), False
+
+
+def _edit(
+    sandbox: Sandbox, path: str, old_text: str, new_text: str
+) -> tuple[Observation, bytes | None]:
+    """Replace the one occurrence of `old_text`; returns the observation and, when the edit was
+    applied, the file's bytes before it (what a revert writes back)."""
+    try:
+        before = sandbox.read_file(path)
+    except (OSError, WorkspacePathError) as error:
+        return Observation(f"cannot edit {path!r}: {error}", 1), None
+    content = before.decode("utf-8", errors="replace")
+    if not old_text:
+        return Observation("old_text is empty; give the exact text to replace", 1), None
+    count = content.count(old_text)
+    if count != 1:
+        reason = "does not occur" if count == 0 else f"occurs {count} times"
+        hint = "read the file again" if count == 0 else "include more surrounding lines"
+        return Observation(f"edit not applied: old_text {reason} in {path}; {hint}", 1), None
+    try:
+        sandbox.write_file(path, content.replace(old_text, new_text, 1))
+    except WorkspacePathError as error:
+        return Observation(f"cannot edit {path!r}: {error}", 1), None
+    return Observation(f"edited {path}", 0), before
+
+
+def _try_edit(
+    sandbox: Sandbox, action: TryEdit, *, timeout_s: float, max_chars: int
+) -> tuple[Observation, bool]:
+    """Edit, run the tests, keep the edit only if fewer tests fail (`TryEdit`)."""
+    edited, before = _edit(sandbox, action.path, action.old_text, action.new_text)
+    if before is None:
+        return edited, False
+    result = sandbox.execute(action.test_command, timeout_s=timeout_s)
+    failing = None if result.timed_out else failing_test_count(result.stdout, result.exit_code)
+    kept = failing is not None and failing < action.failing_before
+    if kept:
+        verdict = f"{TRIAL_KEPT}: {action.failing_before} -> {failing} failing tests]"
+    else:
+        sandbox.write_file(action.path, before)
+        shown = "?" if failing is None else str(failing)
+        verdict = (
+            f"{TRIAL_REVERTED}: {shown} failing tests, not fewer than {action.failing_before}]"
+        )
+    run, timed_out = _command_observation(result, max_chars - len(verdict) - 1), result.timed_out
+    return Observation(f"{run.text}\n{verdict}", result.exit_code, run.truncated), timed_out
 
 
 def run_episode(
