@@ -21,7 +21,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 
-from storage import TrajectoryStore
+from storage import StoreError, TrajectoryStore
 from training.episode import EpisodeConfig
 from training.grpo import GRPOConfig, GRPOTrainer, UpdateMetrics, load_checkpoint, save_checkpoint
 from training.recovery import FaultPlan, RecoveryPolicy
@@ -142,20 +142,42 @@ def task_dirs_in(tasks_dir: Path) -> list[Path]:
     return dirs
 
 
+ITERATION_DONE_SOURCE = "train_flow"
+"""Metrics source whose row marks an iteration as fully done (committed, trained on,
+checkpointed): it is written last, so resume starts after the last iteration that has it."""
+
+
+def completed_iterations(store: TrajectoryStore, run_id: str) -> list[int]:
+    try:
+        rows = store.query(
+            "SELECT DISTINCT iteration FROM metrics WHERE run_id = ? AND source = ? "
+            "ORDER BY iteration",
+            [run_id, ITERATION_DONE_SOURCE],
+        ).to_pylist()
+    except StoreError:
+        return []  # a new store: nothing done yet
+    return [int(row["iteration"]) for row in rows]
+
+
 def restore_trainer(store: TrajectoryStore, settings: TrainSettings) -> tuple[GRPOTrainer, int]:
     """The trainer to continue with and the first iteration still to run."""
-    checkpoints = store.list_checkpoints(settings.run_id)
-    if checkpoints and not settings.resume:
+    done = completed_iterations(store, settings.run_id)
+    if done and not settings.resume:
         raise ValueError(
-            f"run {settings.run_id!r} already has {len(checkpoints)} checkpoint(s) in "
+            f"run {settings.run_id!r} already has {len(done)} completed iteration(s) in "
             f"{settings.store}; pass --resume to continue it or choose another --run-id"
         )
-    if not checkpoints:
+    checkpoints = [
+        c for c in store.list_checkpoints(settings.run_id) if done and c.iteration <= done[-1]
+    ]
+    if not done or not checkpoints:
         policy = CandidateScorerPolicy(seed=settings.seed)
         return GRPOTrainer(policy, GRPOConfig(seed=settings.seed)), 0
-    latest = max(checkpoints, key=lambda c: c.iteration)
+    # The newest checkpoint holds the policy after the last completed iteration (an iteration
+    # that changed nothing stores no new version).
+    latest = max(checkpoints, key=lambda c: (c.iteration, c.created_at))
     trainer = load_checkpoint(store, settings.run_id, latest.policy_version, seed=settings.seed)
-    return trainer, latest.iteration + 1
+    return trainer, done[-1] + 1
 
 
 def committed_trajectories(
@@ -280,7 +302,6 @@ def _consume(
         stale_dropped=float(stale_dropped),
         rollout_wall_s=time.monotonic() - submitted.started,
     )
-    store.record_metrics(settings.run_id, iteration, values)
     save_checkpoint(
         trainer,
         store,
@@ -290,6 +311,7 @@ def _consume(
         n_episodes=len(trajectories),
         parent_policy_version=version_before,
     )
+    store.record_metrics(settings.run_id, iteration, values, source=ITERATION_DONE_SOURCE)
     rewards = [t.reward for t in trajectories if t.trainable and t.reward is not None]
     summary = IterationSummary(
         iteration=iteration,

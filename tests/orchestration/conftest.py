@@ -27,3 +27,15 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with prefect_api(tmp_path_factory.mktemp("prefect-home")) as api_url:
         os.environ["PREFECT_API_URL"] = api_url
         yield api_url
+
+
+@pytest.fixture(scope="session")
+def dask_address(prefect_server: str) -> Iterator[str]:
+    """One LocalCluster for the session: worker processes pay their start-up and imports once.
+    Created after the Prefect server so spawned workers inherit its URL."""
+    from distributed import LocalCluster
+
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+    ) as cluster:
+        yield str(cluster.scheduler_address)

@@ -29,8 +29,13 @@ def test_sandbox_fault_is_recovered_by_replay(demo_tasks: Path, kind: str) -> No
     policy = ScriptedPolicy(ACTIONS)
     with SandboxPool() as pool:
         trajectory = run_episode_with_recovery(
-            task, policy, pool, key=EpisodeKey("r", 0), config=EpisodeConfig(max_steps=4),
-            recovery=RecoveryPolicy(max_attempts=2), faults=_only_first_attempt(plan),
+            task,
+            policy,
+            pool,
+            key=EpisodeKey("r", 0),
+            config=EpisodeConfig(max_steps=4),
+            recovery=RecoveryPolicy(max_attempts=2),
+            faults=_only_first_attempt(plan),
         )
     assert trajectory.status is EpisodeStatus.OK, trajectory.error
     assert trajectory.key.attempt == 1
@@ -42,8 +47,12 @@ def test_exhausted_attempts_end_as_infra_error_without_reward(demo_tasks: Path) 
     task = _first_task(demo_tasks)
     with SandboxPool() as pool:
         trajectory = run_episode_with_recovery(
-            task, ScriptedPolicy(ACTIONS), pool, key=EpisodeKey("r", 0),
-            config=EpisodeConfig(max_steps=4), recovery=RecoveryPolicy(max_attempts=2),
+            task,
+            ScriptedPolicy(ACTIONS),
+            pool,
+            key=EpisodeKey("r", 0),
+            config=EpisodeConfig(max_steps=4),
+            recovery=RecoveryPolicy(max_attempts=2),
             faults=FaultPlan(sandbox_kill=1.0),
         )
         assert pool.idle_count() == 0  # crashed sandboxes are closed, never reused
