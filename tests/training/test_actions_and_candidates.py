@@ -12,9 +12,11 @@ from training.actions import (
     ReadFile,
     RunCommand,
     Submit,
+    TryEdit,
     action_from_json,
     action_to_json,
     cap_text,
+    failing_test_count,
 )
 from training.candidates import (
     FEATURE_COUNT,
@@ -37,6 +39,7 @@ actions = st.one_of(
     st.builds(RunCommand, st.text()),
     st.builds(ReadFile, st.text()),
     st.builds(EditFile, st.text(), st.text(), st.text()),
+    st.builds(TryEdit, st.text(), st.text(), st.text(), st.text(), st.integers(0, 99)),
     st.just(Submit()),
 )
 
@@ -56,10 +59,13 @@ def _feature(candidate: object, name: str) -> float:
     return candidate.features[FEATURE_NAMES.index(name)]  # type: ignore[attr-defined]
 
 
-def test_candidates_follow_the_failure_and_include_implausible_edits() -> None:
-    history = History("Fix `calc.py`; run `python -m pytest tests`.")
+INSTRUCTION = "Fix `calc.py`; `tests/test_calc.py::test_clamp` fails. Run `python -m pytest tests`."
+
+
+def test_candidates_follow_the_failure() -> None:
+    history = History(INSTRUCTION)
     first = propose_candidates(history)
-    assert [c.label for c in first] == ["run tests", "list files", "read calc.py"]
+    assert [c.label for c in first] == ["run tests", "read calc.py"]  # tests are never read
     assert first[0].action == RunCommand(runnable_test_command(history.instruction))
     assert "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1" in first[0].action.command  # type: ignore[union-attr]
 
@@ -69,53 +75,78 @@ def test_candidates_follow_the_failure_and_include_implausible_edits() -> None:
     assert candidates == propose_candidates(history)  # deterministic
     assert candidates[-1].action == Submit()  # offered once the tests have run
     assert all(len(c.features) == FEATURE_COUNT for c in candidates)
-    edits = {c.label: c for c in candidates if c.label.startswith("edit ")}
-    fix = edits["edit calc.py:3 wrong_variable 'value'->'high'"]
+    assert not any(c.label in ("run tests", "read calc.py") for c in candidates)  # done already
+    trials = {c.label: c for c in candidates if c.label.startswith("try ")}
+    fix = trials["try calc.py:3 wrong_variable 'value'->'low'"]
     assert _feature(fix, "edit_in_failing_function") == 1.0
-    kinds = {label.split()[2] for label in edits}
+    assert _feature(fix, "wrong_variable_given_numbers_further_apart") == 1.0
+    assert isinstance(fix.action, TryEdit)
+    assert fix.action.failing_before == 1  # what the run reported
+    assert fix.action.test_command == runnable_test_command(INSTRUCTION)
+    kinds = {label.split()[2] for label in trials}
     assert {"comparison", "wrong_variable"} <= kinds
-    read_test = next(c for c in candidates if c.label == "read tests/test_calc.py")
-    assert _feature(read_test, "read_named_by_failure") == 1.0
-
-    # after an edit: undoing it is offered, and submitting is flagged as untested
-    edit = fix.action
-    history = history.append(edit, Observation("edited calc.py", 0))
-    after = propose_candidates(history)
-    revert = next(c for c in after if c.label.startswith("revert"))
-    assert isinstance(edit, EditFile)
-    assert revert.action == EditFile("calc.py", edit.new_text, edit.old_text)
-    assert _feature(after[-1], "submit_untested_edit") == 1.0
-    assert _feature(after[0], "run_tests_after_edit") == 1.0
 
 
-def test_a_change_that_did_not_help_is_replaced_by_the_next_edit() -> None:
-    history = History("Fix `calc.py`; run `python -m pytest tests`.")
-    history = history.append(RunCommand("python -m pytest tests"), Observation(OUTPUT, 1))
-    history = history.append(ReadFile("calc.py"), Observation(SOURCE, 0))
-    wrong = next(c.action for c in propose_candidates(history) if "comparison '>'->'>='" in c.label)
-    assert isinstance(wrong, EditFile)
-    history = history.append(wrong, Observation("edited calc.py", 0))
-    history = history.append(RunCommand("python -m pytest tests"), Observation(OUTPUT, 1))
+def test_a_reverted_trial_is_marked_tried_and_a_kept_one_moves_the_baseline() -> None:
+    history = History(INSTRUCTION).append(ReadFile("calc.py"), Observation(SOURCE, 0))
     candidates = propose_candidates(history)
-    fix = next(c for c in candidates if "'value'->'high'" in c.label and "calc.py:3" in c.label)
-    assert _feature(fix, "edit_replaces_failed_change") == 1.0
-    revert = next(c for c in candidates if c.label.startswith("revert"))
-    assert _feature(revert, "revert_after_failed_test") == 1.0
-    # one edit undoes the failed change and makes the new one
-    assert isinstance(fix.action, EditFile)
-    changed = SOURCE.replace(wrong.old_text, wrong.new_text, 1)
-    fixed = changed.replace(fix.action.old_text, fix.action.new_text, 1)
-    assert fixed == SOURCE.replace("return value\n    return", "return high\n    return", 1)
+    wrong = next(c for c in candidates if "comparison '>'->'>='" in c.label)
+    assert _feature(wrong, "edit_already_tried") == 0.0
+    assert isinstance(wrong.action, TryEdit)
+    assert wrong.action.failing_before == 1  # from the instruction's list of failing tests
+    reverted = Observation(OUTPUT + "[edit reverted: 1 failing tests, not fewer than 1]", 1)
+    history = history.append(wrong.action, reverted)
+    after = {c.label: c for c in propose_candidates(history)}
+    again = after[wrong.label]
+    assert _feature(again, "edit_already_tried") == 1.0
+    assert _feature(again, "edit_line_tried_before") == 1.0
+    assert _feature(again, "trials_reverted_scaled") > 0.0
+
+    fix = after["try calc.py:3 wrong_variable 'value'->'low'"]
+    kept = Observation("2 passed in 0.01s\n[edit kept: 1 -> 0 failing tests]", 0)
+    history = history.append(fix.action, kept)
+    assert [c.label for c in propose_candidates(history)] == ["submit"]  # nothing left to try
 
 
-def test_assertion_differences_are_read_into_hints() -> None:
-    history = History("Fix `calc.py`; run `python -m pytest tests`.")
+def test_assertion_differences_are_read_into_evidence() -> None:
+    history = History(INSTRUCTION)
     output = OUTPUT.replace("assert 9 == 5", "assert 4 == 5")
     history = history.append(RunCommand("python -m pytest tests"), Observation(output, 1))
     history = history.append(ReadFile("calc.py"), Observation(SOURCE, 0))
-    off_by_one = [c for c in propose_candidates(history) if " off_by_one " in c.label]
-    assert off_by_one is not None
-    assert all(_feature(c, "off_by_one_and_numbers_differ_by_one") == 1.0 for c in off_by_one)
+    trials = [c for c in propose_candidates(history) if c.label.startswith("try ")]
+    flips = [c for c in trials if " comparison " in c.label]
+    assert flips
+    assert all(_feature(c, "comparison_given_numbers_one_apart") == 1.0 for c in flips)
+    assert all(_feature(c, "comparison_given_no_evidence") == 0.0 for c in flips)
+    assert all(_feature(c, "off_by_one_given_numbers_one_apart") == 0.0 for c in flips)
+
+
+def test_inverse_slips_restore_lost_calls_and_unread_variables() -> None:
+    source = (
+        "def box(xs, ys):\n"
+        '    """Bounds."""\n'
+        "    return (min(xs), ys, max(xs), max(ys))\n"
+        "\n"
+        "\n"
+        "def mean(total, count):\n"
+        "    return total / total\n"
+    )
+    history = History(
+        "Fix `geo.py`: `tests/test_geo.py::test_box_1` and `tests/test_geo.py::test_mean_1` fail."
+    )
+    history = history.append(ReadFile("geo.py"), Observation(source, 0))
+    labels = {c.label for c in propose_candidates(history)}
+    assert "try geo.py:3 missing_call add min(...)" in labels
+    assert "try geo.py:7 wrong_variable 'total'->'count'" in labels  # count is never read
+    assert not any("docstring" in label or ":2 " in label for label in labels)
+
+
+def test_failing_test_count_reads_pytest_summaries() -> None:
+    assert failing_test_count("1 failed, 2 passed in 0.1s", 1) == 1
+    assert failing_test_count("2 failed, 1 error in 0.1s", 1) == 3
+    assert failing_test_count("3 passed in 0.1s", 0) == 0
+    assert failing_test_count("Interrupted: 1 error during collection", 2) is None
+    assert failing_test_count("sh: pytest: not found", 127) is None
 
 
 def test_test_command_is_read_from_the_instruction() -> None:
@@ -125,3 +156,8 @@ def test_test_command_is_read_from_the_instruction() -> None:
     )
     assert find_test_command("run `pytest -q tests/unit`") == "pytest -q tests/unit"
     assert find_test_command("no command here") == "python -m pytest -q"
+    # backticks around other things must not pair up into a "command" (the demo's instruction)
+    demo = (
+        "(`pkg/a.py`, `pkg/b.py`) with a pytest suite in `tests/`.\n\n    python -m pytest tests\n"
+    )
+    assert find_test_command(demo) == "python -m pytest tests"

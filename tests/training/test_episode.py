@@ -12,7 +12,16 @@ import pytest
 from sandboxes import Sandbox, open_sandbox
 from storage import TrajectoryStore, episode_id_for
 from tasks_lib.model import Task
-from training.actions import EditFile, History, ReadFile, RunCommand, Submit
+from training.actions import (
+    TRIAL_KEPT,
+    TRIAL_REVERTED,
+    EditFile,
+    History,
+    ReadFile,
+    RunCommand,
+    Submit,
+    TryEdit,
+)
 from training.episode import EpisodeConfig, run_episode
 from training.errors import PolicyError
 from training.grpo import GRPOTrainer
@@ -95,6 +104,24 @@ def test_scripted_fix_is_verified_and_stored(
         (trajectory.episode_id, "ok", 1.0)
     ]
     assert store.read_steps("run-a", 3).num_rows == 4
+
+
+def test_a_trial_keeps_an_edit_only_when_fewer_tests_fail(bug_task: Task, sandbox: Sandbox) -> None:
+    tests = "python -m pytest -q tests"
+    wrong = TryEdit("calc.py", "if value >= high", "if value > high", tests, 1)  # still fails
+    broken = TryEdit("calc.py", "return x * 2", "return x ** 3", tests, 1)  # fails one more
+    fix = TryEdit("calc.py", BUGGY_LINE, FIXED_LINE, tests, 1)
+    policy = ScriptedPolicy([wrong, broken, fix])
+    trajectory = run_episode(
+        bug_task, policy, sandbox, key=EpisodeKey("r", 0), config=EpisodeConfig(max_steps=3)
+    )
+    assert trajectory.status is EpisodeStatus.OK, trajectory.error
+    first, second, third = (s.observation.text for s in trajectory.steps)
+    assert TRIAL_REVERTED in first and "1 failed" in first
+    assert TRIAL_REVERTED in second and "2 failed" in second
+    assert f"{TRIAL_KEPT}: 1 -> 0 failing tests]" in third
+    assert trajectory.reward == 1.0 and trajectory.passed  # the verifier saw only the fix
+    assert sandbox.read_file("calc.py").decode().count("return x * 2") == 1
 
 
 def test_step_budget_truncates_and_the_workspace_is_still_verified(

@@ -144,8 +144,8 @@ def _toy_candidates(rng: random.Random) -> list[Candidate]:
     good = rng.randrange(8)
     for index in range(8):
         features = [0.0] * FEATURE_COUNT
-        features[FEATURE_NAMES.index("is_edit")] = 1.0
-        for name in ("edit_test_file", "edit_kind_comparison", "edit_kind_wrong_variable"):
+        features[FEATURE_NAMES.index("is_try_edit")] = 1.0
+        for name in ("edit_line_tried_before", "edit_kind_comparison", "edit_kind_wrong_variable"):
             features[FEATURE_NAMES.index(name)] = float(rng.random() < 0.5)
         features[_GOOD] = float(index == good)
         candidates.append(Candidate(Submit(), tuple(features), f"c{index}"))
