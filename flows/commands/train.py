@@ -10,9 +10,10 @@ from typing import Any
 from flows.cli import EXIT_USAGE, CliError
 
 DEMO_TASK_COUNT = 24
-DEMO_DIFFICULTY = {"easy": 3.0, "medium": 1.0}
-"""Curriculum of the demo's tasks: mostly one-bug tasks an untrained policy can stumble on,
-some two-bug ones (see `tasks_lib.families.demo.generate.DIFFICULTY_LEVELS`)."""
+DEMO_DIFFICULTY = {"easy": 1.0}
+"""The demo's tasks: one-bug tasks an untrained policy fixes now and then within its few
+trials, so GRPO groups differ from the first iteration (see
+`tasks_lib.families.demo.generate.DIFFICULTY_LEVELS`; `benchmarks/README.md` § Learning)."""
 
 
 def _positive_int(text: str) -> int:
@@ -38,23 +39,31 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="the main job on embedded defaults: build demo tasks, train a few minutes, "
         "print and plot the reward curve",
     )
-    _common_train_options(demo, iterations=8)
+    # sized for a few minutes on 2 cores: 8 iterations x 4 tasks x 6 samples, 6 steps each
+    _common_train_options(demo, iterations=8, group_size=6, tasks_per_iteration=4, max_steps=6)
     demo.add_argument("--task-count", type=_positive_int, default=DEMO_TASK_COUNT)
     demo.set_defaults(handler=demo_command)
 
 
-def _common_train_options(parser: argparse.ArgumentParser, iterations: int = 6) -> None:
+def _common_train_options(
+    parser: argparse.ArgumentParser,
+    iterations: int = 6,
+    *,
+    group_size: int = 4,
+    tasks_per_iteration: int = 8,
+    max_steps: int = 10,
+) -> None:
     parser.add_argument("--store", default=".rollyard", help="store root (default ./.rollyard)")
     parser.add_argument("--iterations", type=_positive_int, default=iterations)
-    parser.add_argument("--group-size", type=_positive_int, default=4)
-    parser.add_argument("--tasks-per-iteration", type=_positive_int, default=8)
+    parser.add_argument("--group-size", type=_positive_int, default=group_size)
+    parser.add_argument("--tasks-per-iteration", type=_positive_int, default=tasks_per_iteration)
     parser.add_argument(
         "--shards",
         type=_positive_int,
         default=4,
         help="Prefect tasks (episode shards) per iteration",
     )
-    parser.add_argument("--max-steps", type=_positive_int, default=10)
+    parser.add_argument("--max-steps", type=_positive_int, default=max_steps)
     parser.add_argument("--workers", type=_positive_int, default=2, help="Dask worker processes")
     parser.add_argument("--dask-address", default=None, help="a running Dask scheduler")
     parser.add_argument("--seed", type=int, default=0)
