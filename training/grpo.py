@@ -39,8 +39,9 @@ if TYPE_CHECKING:
 class GRPOConfig:
     """Hyper-parameters of the GRPO update."""
 
-    learning_rate: float = 0.02
-    """Adam step size. High for a network this small: it must learn within a few iterations."""
+    learning_rate: float = 0.05
+    """Adam step size. High for a network this small: it must learn within a few iterations
+    (the demo has about eight, of 24 episodes each)."""
     epochs: int = 2
     """Passes over each batch (the ratio leaves 1 after the first; the clip bounds how far)."""
     minibatches: int = 2
