@@ -276,7 +276,7 @@ def _compare_values(evidence: set[str], left: object, right: object) -> None:
             evidence.add("case_differs")
     elif isinstance(left, list | tuple) and isinstance(right, list | tuple):
         with contextlib.suppress(TypeError):
-            if sorted(left) == sorted(right):  # type: ignore[type-var]
+            if sorted(left) == sorted(right):
                 evidence.add("order_differs")
         if len(left) == len(right):
             for a, b in zip(left, right, strict=True):
@@ -305,9 +305,11 @@ def _digest_failure(output: str, previous: _Failure) -> _Failure:
     )
     for line in _ERROR_LINE.findall(output):
         text = line.strip()
-        match = _ASSERT_COMPARISON.match(text)
-        if match:
-            _compare_values(failure.evidence, _literal(match.group(1)), _literal(match.group(2)))
+        compared = _ASSERT_COMPARISON.match(text)
+        if compared:
+            _compare_values(
+                failure.evidence, _literal(compared.group(1)), _literal(compared.group(2))
+            )
         elif text in ("assert False", "assert True"):
             failure.evidence.add("bool_mismatch")
         elif _EXCEPTION_LINE.match(text):
