@@ -9,6 +9,9 @@ verifier, and report
 
     python benchmarks/learning.py --seeds 0 1 2
 
+The defaults are the size of `rollyard demo` (8 iterations x 4 tasks x 6 samples, 6 steps,
+easy tasks).
+
 Library calls only (no Prefect, no Dask): the same episode function and trainer the flow runs.
 """
 
@@ -176,15 +179,15 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--iterations", type=int, default=8)
     parser.add_argument("--tasks-per-iteration", type=int, default=4)
-    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--group-size", type=int, default=6)
     parser.add_argument("--train-tasks", type=int, default=16)
-    parser.add_argument("--heldout-tasks", type=int, default=8)
-    parser.add_argument("--eval-samples", type=int, default=2)
-    parser.add_argument("--max-steps", type=int, default=12)
+    parser.add_argument("--heldout-tasks", type=int, default=6)
+    parser.add_argument("--eval-samples", type=int, default=3)
+    parser.add_argument("--max-steps", type=int, default=6)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument(
         "--difficulty",
-        default="easy=3,medium=1",
+        default="easy",
         help="demo task difficulty: mixed, easy, medium, hard or easy=3,medium=1",
     )
     parser.add_argument("--learning-rate", type=float, default=GRPOConfig().learning_rate)
