@@ -22,6 +22,8 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 
 from storage import StoreError, TrajectoryStore
+from storage.gates import GateReport, GateSettings
+from storage.gates import gate_iteration as run_gate
 from training.episode import EpisodeConfig
 from training.grpo import GRPOConfig, GRPOTrainer, UpdateMetrics, load_checkpoint, save_checkpoint
 from training.recovery import FaultPlan, RecoveryPolicy
@@ -70,6 +72,10 @@ class TrainSettings:
     """`replay` the recorded actions into a fresh sandbox, or `restart` the episode."""
     faults: FaultPlan | None = None
     """Injected faults, for the fault-injection suite and benchmark only."""
+    gate_on_failure: str = "continue"
+    """What a failed quality gate does besides quarantining the iteration: `continue` training
+    (the quarantined batch is not trained on) or `stop` the run. Thresholds come from
+    `ROLLYARD_GATE_*` settings (see storage.gates.GateSettings)."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("sync", "async"):
@@ -78,6 +84,10 @@ class TrainSettings:
             raise ValueError(f"max_policy_lag must be >= 1, got {self.max_policy_lag}")
         if self.iterations < 1:
             raise ValueError(f"iterations must be >= 1, got {self.iterations}")
+        if self.gate_on_failure not in ("continue", "stop"):
+            raise ValueError(
+                f"gate_on_failure must be 'continue' or 'stop', got {self.gate_on_failure!r}"
+            )
 
     @property
     def pipeline_depth(self) -> int:
@@ -120,6 +130,24 @@ def _report(event: str, **values: Any) -> None:
 @task(name="rollout_shard", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
 def rollout_shard(request: ShardRequest, store_root: str) -> ShardOutcome:
     return rollout_shard_and_commit(request, store_root)
+
+
+class GateStoppedRun(RuntimeError):
+    """A quality gate failed and the settings say to stop training."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+
+@task(name="gate_iteration", cache_policy=NO_CACHE)
+def gate_iteration(
+    store: TrajectoryStore,
+    run_id: str,
+    iteration: int,
+    settings: GateSettings,
+    expected_episodes: int,
+) -> GateReport:
+    return run_gate(store, run_id, iteration, settings, expected_episodes=expected_episodes)
 
 
 @task(name="update_policy", cache_policy=NO_CACHE)
@@ -181,12 +209,22 @@ def restore_trainer(store: TrajectoryStore, settings: TrainSettings) -> tuple[GR
 
 
 def committed_trajectories(
-    store: TrajectoryStore, run_id: str, iteration: int, outcomes: list[ShardOutcome]
+    store: TrajectoryStore,
+    run_id: str,
+    iteration: int,
+    outcomes: list[ShardOutcome],
+    *,
+    include_quarantined: bool = False,
 ) -> list[Trajectory]:
-    """The iteration's trajectories the store holds as committed and not quarantined: the
-    trainer's input, so it never trains on anything twice or on data a gate rejected."""
+    """The iteration's trajectories the store holds as committed (and, by default, not
+    quarantined): the trainer's input, so it never trains on anything twice or on data a gate
+    rejected."""
     committed = set(
-        store.read_episodes(run_id, iteration, columns=["episode_id"]).column(0).to_pylist()
+        store.read_episodes(
+            run_id, iteration, columns=["episode_id"], include_quarantined=include_quarantined
+        )
+        .column(0)
+        .to_pylist()
     )
     seen: set[str] = set()
     kept = []
@@ -218,7 +256,7 @@ def train(settings: TrainSettings) -> list[IterationSummary]:
     recovery = RecoveryPolicy(settings.max_attempts, settings.recovery_mode)  # type: ignore[arg-type]
     in_flight: dict[int, _Submitted] = {}
 
-    def submit(iteration: int) -> None:
+    def submit(iteration: int, policy_lag: int) -> None:
         predicted = (
             predict_episode_seconds(store, task_dirs)
             if settings.schedule == "longest_first"
@@ -238,6 +276,7 @@ def train(settings: TrainSettings) -> list[IterationSummary]:
             faults=settings.faults,
             schedule=settings.schedule,
             predicted_s=predicted,  # type: ignore[arg-type]
+            policy_lag=policy_lag,
         )
         futures = [rollout_shard.submit(request, settings.store) for request in requests]
         in_flight[iteration] = _Submitted(requests, futures, trainer.updates, time.monotonic())
@@ -253,7 +292,7 @@ def train(settings: TrainSettings) -> list[IterationSummary]:
             iteration, min(settings.iterations, iteration + settings.pipeline_depth + 1)
         ):
             if ahead not in in_flight:
-                submit(ahead)
+                submit(ahead, policy_lag=ahead - iteration)
         submitted = in_flight.pop(iteration)
         outcomes: list[ShardOutcome] = []
         for future in as_completed(submitted.futures):
@@ -286,9 +325,28 @@ def _consume(
     submitted: _Submitted,
     logger: Any,
 ) -> IterationSummary:
-    """Train on one iteration's committed batch and checkpoint the result."""
+    """Gate one iteration's committed batch, train on it unless quarantined, checkpoint."""
+    expected = sum(len(r.episodes) for r in submitted.requests)
+    gate_settings = GateSettings.from_env(on_failure=settings.gate_on_failure)
+    report = gate_iteration(store, settings.run_id, iteration, gate_settings, expected)
+    if report.quarantined:
+        logger.warning("iteration %d quarantined by its quality gate: %s", iteration, report.reason)
+        create_table_artifact(
+            key=re.sub(r"[^a-z0-9-]+", "-", f"gate-{settings.run_id}-{iteration}".lower()),
+            table=report.table_rows(),
+            description=f"Quality gate of iteration {iteration}: {report.reason}",
+        )
+        if report.should_stop:
+            raise GateStoppedRun(
+                f"iteration {iteration} failed its quality gate and gate_on_failure=stop: "
+                f"{report.reason}"
+            )
+    batch = committed_trajectories(
+        store, settings.run_id, iteration, outcomes, include_quarantined=True
+    )
+    # Read after the gate: a quarantined iteration yields nothing to train on.
     trajectories = committed_trajectories(store, settings.run_id, iteration, outcomes)
-    quarantined = store.iteration_status(settings.run_id, iteration).quarantined
+    quarantined = report.quarantined
     policy_lag = trainer.updates - submitted.policy_updates
     stale_dropped = 0
     if policy_lag > max(settings.pipeline_depth, 0):
@@ -312,13 +370,13 @@ def _consume(
         parent_policy_version=version_before,
     )
     store.record_metrics(settings.run_id, iteration, values, source=ITERATION_DONE_SOURCE)
-    rewards = [t.reward for t in trajectories if t.trainable and t.reward is not None]
+    rewards = [t.reward for t in batch if t.trainable and t.reward is not None]
     summary = IterationSummary(
         iteration=iteration,
-        episodes=len(trajectories),
+        episodes=len(batch),
         reward_mean=sum(rewards) / len(rewards) if rewards else 0.0,
         pass_rate=sum(1 for r in rewards if r >= 1.0) / len(rewards) if rewards else 0.0,
-        infra_errors=sum(1 for t in trajectories if not t.trainable),
+        infra_errors=sum(1 for t in batch if not t.trainable),
         policy_version=trainer.policy.version,
         quarantined=quarantined,
         wall_s=time.monotonic() - submitted.started,

@@ -47,6 +47,7 @@ class EpisodeRecord:
     group_index: int = 0
     sample_index: int = 0
     attempt: int = 0
+    policy_lag: int | None = None
     reward: float | None = None
     partial_credit: float | None = None
     passed: bool | None = None

@@ -73,6 +73,9 @@ EPISODES = TableSpec(
             _f("sample_index", pa.int32(), False),
             _f("attempt", pa.int32(), False),
             _f("policy_version", pa.string(), False),
+            # Async mode: updates the trainer is ahead of policy_version when it consumes this
+            # episode (0 in sync mode; bounded by the run's max_policy_lag).
+            _f("policy_lag", pa.int32()),
             _f("snapshot_digest", pa.string(), False),
             _f("sandbox_backend", pa.string(), False),
             # Null reward means "no verdict" (infra failure), never a silent 0.

@@ -52,6 +52,8 @@ class ShardRequest:
     recovery: RecoveryPolicy = dataclasses.field(default_factory=RecoveryPolicy)
     faults: FaultPlan | None = None
     """Injected faults (tests and benchmarks only)."""
+    policy_lag: int = 0
+    """Updates the trainer will be ahead of this shard's policy when it consumes the shard."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -96,6 +98,7 @@ def plan_iteration(
     faults: FaultPlan | None = None,
     schedule: Schedule = "round_robin",
     predicted_s: Mapping[str, float] | None = None,
+    policy_lag: int = 0,
 ) -> list[ShardRequest]:
     """Sample tasks, make one group of `group_size` samples per task, and deal the episodes into
     at most `shard_count` shards.
@@ -135,6 +138,7 @@ def plan_iteration(
             episode_config=config,
             recovery=recovery or RecoveryPolicy(),
             faults=faults,
+            policy_lag=policy_lag,
         )
         for shard, members in enumerate(shards)
     ]
@@ -234,7 +238,10 @@ def commit_shard(
         request.run_id,
         request.iteration,
         request.shard,
-        episodes=[t.to_episode_record(worker=worker) for t in trajectories],
+        episodes=[
+            t.to_episode_record(worker=worker, policy_lag=request.policy_lag)
+            for t in trajectories
+        ],
         steps=[step for t in trajectories for step in t.to_step_records()],
     )
 

@@ -140,7 +140,9 @@ class Trajectory:
 
     # -- store rows ----------------------------------------------------------------------------
 
-    def to_episode_record(self, *, worker: str | None = None) -> EpisodeRecord:
+    def to_episode_record(
+        self, *, worker: str | None = None, policy_lag: int | None = None
+    ) -> EpisodeRecord:
         from datetime import UTC, datetime
 
         from storage.records import EpisodeRecord
@@ -164,6 +166,7 @@ class Trajectory:
             group_index=self.key.group_index,
             sample_index=self.key.sample_index,
             attempt=self.key.attempt,
+            policy_lag=policy_lag,
             reward=self.reward,
             partial_credit=self.partial_credit,
             passed=self.passed,

@@ -82,6 +82,12 @@ def _common_train_options(
         help="async: updates an episode's policy may lag behind the trainer",
     )
     parser.add_argument(
+        "--gate-on-failure",
+        choices=("continue", "stop"),
+        default="continue",
+        help="after a failed quality gate (the iteration is quarantined either way)",
+    )
+    parser.add_argument(
         "--schedule",
         choices=("longest_first", "round_robin"),
         default="longest_first",
@@ -106,6 +112,7 @@ def _settings(args: argparse.Namespace, tasks_dir: Path) -> Any:
         mode=args.mode,
         max_policy_lag=args.max_policy_lag,
         schedule=args.schedule,
+        gate_on_failure=args.gate_on_failure,
     )
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.train import TrainSettings, completed_iterations, run_training
+from flows.train import GateStoppedRun, TrainSettings, completed_iterations, run_training
 from storage import TrajectoryStore
 from training.recovery import FaultPlan
 
@@ -90,7 +90,40 @@ def test_async_mode_bounds_and_records_policy_lag(
     )
     assert [r["iteration"] for r in lags] == [0, 1, 2]
     assert all(r["value"] <= 1 for r in lags)
+    per_episode = (
+        TrajectoryStore(str(store))
+        .query(
+            "SELECT iteration, max(policy_lag) AS lag FROM episodes GROUP BY iteration ORDER BY 1"
+        )
+        .to_pylist()
+    )
+    # iteration 0 is planned with the initial policy; later ones one update behind
+    assert [r["lag"] for r in per_episode] == [0, 1, 1]
     assert_exactly_once(store, "t", 3)
+
+
+def test_failed_gate_quarantines_and_can_stop_the_run(
+    demo_tasks: Path, dask_address: str, tmp_path: Path
+) -> None:
+    store = tmp_path / "store"
+    every_sandbox_crashes = FaultPlan(sandbox_kill=1.0)
+    with pytest.raises(GateStoppedRun, match="infra"):
+        run_training(
+            _settings(
+                demo_tasks,
+                store,
+                iterations=2,
+                max_attempts=1,
+                faults=every_sandbox_crashes,
+                gate_on_failure="stop",
+            ),
+            dask_address=dask_address,
+        )
+    view = TrajectoryStore(str(store))
+    assert view.iteration_status("t", 0).quarantined
+    assert view.read_episodes("t", 0).num_rows == 0  # kept, but not for the trainer
+    assert view.read_episodes("t", 0, include_quarantined=True).num_rows == 4
+    assert completed_iterations(view, "t") == []  # stopped before iteration 0 was done
 
 
 def test_lost_workers_lose_no_episode(demo_tasks: Path, dask_address: str, tmp_path: Path) -> None:
