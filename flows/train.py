@@ -397,15 +397,22 @@ def _consume(
     return summary
 
 
+WORKER_DEATHS_PER_SHARD = 8
+
+
 def run_training(
     settings: TrainSettings, *, workers: int = 2, dask_address: str | None = None
 ) -> list[IterationSummary]:
     """Run the flow on embedded defaults: a local Prefect API unless `PREFECT_API_URL` is set,
     and a Dask LocalCluster of `workers` processes unless `dask_address` names a scheduler."""
+    import dask
     from prefect_dask import DaskTaskRunner
 
     from flows.runtime import prefect_api, prefect_home_for
 
+    # A shard is rescheduled when its worker dies; Dask gives up after `allowed-failures` deaths
+    # of the same task (default 3). Shards are idempotent, so allow more before failing a run.
+    dask.config.set({"distributed.scheduler.allowed-failures": WORKER_DEATHS_PER_SHARD})
     if dask_address:
         runner = DaskTaskRunner(address=dask_address)
     else:

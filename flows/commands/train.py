@@ -82,6 +82,18 @@ def _common_train_options(
         help="async: updates an episode's policy may lag behind the trainer",
     )
     parser.add_argument(
+        "--max-attempts",
+        type=_positive_int,
+        default=3,
+        help="attempts per episode after infra failures (sandbox crash, hang, host OOM)",
+    )
+    parser.add_argument(
+        "--recovery-mode",
+        choices=("replay", "restart"),
+        default="replay",
+        help="replay the recorded actions into a fresh sandbox, or restart the episode",
+    )
+    parser.add_argument(
         "--gate-on-failure",
         choices=("continue", "stop"),
         default="continue",
@@ -113,6 +125,8 @@ def _settings(args: argparse.Namespace, tasks_dir: Path) -> Any:
         max_policy_lag=args.max_policy_lag,
         schedule=args.schedule,
         gate_on_failure=args.gate_on_failure,
+        max_attempts=args.max_attempts,
+        recovery_mode=args.recovery_mode,
     )
 
 

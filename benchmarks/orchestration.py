@@ -1,0 +1,170 @@
+"""Orchestration overhead: episodes/s through the train flow (Prefect + Dask + store commits +
+quality gate + update + checkpoint) against a bare loop running the same shard function in a
+process pool, from one run on the same tasks, and the effect of longest-first scheduling on a
+mix of long and short tasks.
+
+    python benchmarks/orchestration.py [--iterations 3] [--workers 2]
+
+Target: flow / bare >= 0.85. Start-up (Prefect server, worker processes and their imports) is
+paid before timing on both sides; everything per iteration is timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TASKS_PER_ITERATION = 8
+GROUP_SIZE = 4
+SHARDS = 4
+
+
+def _warm_worker() -> int:
+    import training.rollout  # noqa: F401  (imports torch, tasks_lib, storage)
+
+    return os.getpid()
+
+
+def _bare_shard(request, store_root: str) -> int:  # type: ignore[no-untyped-def]
+    from training.rollout import rollout_shard_and_commit
+
+    return len(rollout_shard_and_commit(request, store_root).trajectories)
+
+
+def bare_loop(
+    task_dirs: list[Path], store: Path, iterations: int, workers: int, max_steps: int
+) -> float:
+    """Episodes/s of a plain process pool over the same shards (sync iterations, no Prefect)."""
+    from training.episode import EpisodeConfig
+    from training.rollout import plan_iteration
+    from training.scorer_policy import CandidateScorerPolicy
+
+    policy = CandidateScorerPolicy()
+    with concurrent.futures.ProcessPoolExecutor(workers) as pool:
+        for future in [pool.submit(_warm_worker) for _ in range(workers * 2)]:
+            future.result()
+        started = time.monotonic()
+        episodes = 0
+        for iteration in range(iterations):
+            requests = plan_iteration(
+                task_dirs,
+                run_id="bare",
+                iteration=iteration,
+                policy=policy,
+                tasks_per_iteration=TASKS_PER_ITERATION,
+                group_size=GROUP_SIZE,
+                shard_count=SHARDS,
+                episode_config=EpisodeConfig(max_steps=max_steps),
+                schedule="round_robin",
+            )
+            episodes += sum(pool.map(_bare_shard, requests, [str(store)] * len(requests)))
+        return episodes / (time.monotonic() - started)
+
+
+def flow_run(
+    task_dirs_root: Path,
+    store: Path,
+    iterations: int,
+    address: str,
+    max_steps: int,
+    schedule: str,
+    run_id: str,
+) -> tuple[float, list[float]]:
+    from flows.train import TrainSettings, run_training
+
+    settings = TrainSettings(
+        tasks_dir=str(task_dirs_root),
+        store=str(store),
+        run_id=run_id,
+        iterations=iterations,
+        tasks_per_iteration=TASKS_PER_ITERATION,
+        group_size=GROUP_SIZE,
+        shards_per_iteration=SHARDS,
+        max_steps=max_steps,
+        schedule=schedule,
+    )
+    started = time.monotonic()
+    summaries = run_training(settings, dask_address=address)
+    wall = time.monotonic() - started
+    return sum(s.episodes for s in summaries) / wall, [s.wall_s for s in summaries]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--max-steps", type=int, default=4)
+    parser.add_argument("--workdir", default=None)
+    args = parser.parse_args()
+
+    from distributed import Client, LocalCluster
+
+    from flows.runtime import prefect_api
+    from tasks_lib.families.demo.generate import generate_demo_tasks
+
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="rollyard-orchestration-"))
+    tasks_root = workdir / "tasks"
+    if not tasks_root.is_dir():
+        # A mix of short (easy) and long (hard) tasks, for the scheduling comparison too.
+        generate_demo_tasks(
+            tasks_root, 2 * TASKS_PER_ITERATION, seed=3, difficulty={"easy": 1, "hard": 1}
+        )
+    task_dirs = sorted(p for p in tasks_root.iterdir() if (p / "task.toml").is_file())
+
+    bare_eps = bare_loop(
+        task_dirs, workdir / "bare-store", args.iterations, args.workers, args.max_steps
+    )
+    print(f"bare process pool: {bare_eps:.3f} episodes/s", flush=True)
+
+    with (
+        prefect_api(workdir / "prefect"),
+        LocalCluster(
+            n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        client.run(_warm_worker)
+        address = cluster.scheduler_address
+        # Warm the flow path once (GX import for the gate, Prefect client) outside the timing.
+        flow_run(tasks_root, workdir / "warm-store", 1, address, 1, "round_robin", "warm")
+        flow_eps, _ = flow_run(
+            tasks_root,
+            workdir / "flow-store",
+            args.iterations,
+            address,
+            args.max_steps,
+            "round_robin",
+            "flow",
+        )
+        print(f"train flow:        {flow_eps:.3f} episodes/s", flush=True)
+        # Scheduling: same tasks, durations now known from the store of the run above.
+        store = workdir / "flow-store"
+        _, rr_walls = flow_run(
+            tasks_root, store, args.iterations, address, args.max_steps, "round_robin", "rr"
+        )
+        _, lpt_walls = flow_run(
+            tasks_root, store, args.iterations, address, args.max_steps, "longest_first", "lpt"
+        )
+
+    ratio = flow_eps / bare_eps
+    print(f"\nflow / bare = {ratio:.2f}  (target >= 0.85: {'PASS' if ratio >= 0.85 else 'FAIL'})")
+    rr, lpt = sum(rr_walls), sum(lpt_walls)
+    print(
+        f"iteration wall, round robin:   {', '.join(f'{w:.1f}' for w in rr_walls)} s "
+        f"(total {rr:.1f})"
+    )
+    print(
+        f"iteration wall, longest first: {', '.join(f'{w:.1f}' for w in lpt_walls)} s "
+        f"(total {lpt:.1f})"
+    )
+    print(f"longest-first / round-robin = {lpt / rr:.2f} (below 1 is faster)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
