@@ -1,0 +1,210 @@
+"""Training in this process, without Prefect or Dask: for notebooks, scripts and debugging.
+
+The iteration is the train flow's, step for step — plan shards, roll out and commit each shard
+to the store, gate the committed batch, train on what the gate lets through, checkpoint, mark
+the iteration done — run sequentially over one sandbox pool. A run started here can be
+continued by `rollyard train --resume` and the other way round:
+
+    from tasks_lib.families.demo.generate import generate_demo_tasks
+    from training.local import train_locally
+
+    generate_demo_tasks("tasks", 8, seed=0)
+    for it in train_locally("tasks", "store", run_id="nb-0", iterations=3):
+        print(it.iteration, it.reward_mean, it.pass_rate)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from sandboxes import Limits, SandboxPool
+from storage import StoreError, TrajectoryStore
+from storage.gates import GateSettings, gate_iteration
+from training.episode import EpisodeConfig
+from training.grpo import GRPOConfig, GRPOTrainer, load_checkpoint, save_checkpoint
+from training.rollout import plan_iteration, rollout_shard_and_commit
+from training.scorer_policy import CandidateScorerPolicy
+from training.trajectory import Trajectory
+
+ITERATION_DONE_SOURCE = "train_flow"
+"""The `metrics.source` marking an iteration as done — the same marker the train flow writes,
+so either can resume a run the other started."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LocalIteration:
+    """What one locally run iteration did."""
+
+    iteration: int
+    episodes: int
+    reward_mean: float
+    pass_rate: float
+    infra_errors: int
+    policy_version: str
+    """The policy after this iteration's update."""
+    quarantined: bool
+    gate_reason: str | None
+    wall_s: float
+
+
+def task_dirs_in(tasks_dir: str | Path) -> list[Path]:
+    """The task directories (those holding a task.toml) directly under `tasks_dir`."""
+    root = Path(tasks_dir)
+    dirs = sorted(p for p in root.iterdir() if (p / "task.toml").is_file()) if root.is_dir() else []
+    if not dirs:
+        raise ValueError(
+            f"no task directories (with a task.toml) in {root}; generate some first "
+            "(rollyard tasks demo --out DIR)"
+        )
+    return dirs
+
+
+def rollout_batch(
+    task_dirs: Sequence[str | Path],
+    store: TrajectoryStore,
+    *,
+    policy: CandidateScorerPolicy,
+    run_id: str,
+    iteration: int,
+    tasks_per_iteration: int = 4,
+    group_size: int = 4,
+    max_steps: int = 8,
+    seed: int = 0,
+    pool: SandboxPool | None = None,
+) -> list[Trajectory]:
+    """Roll out one batch (a GRPO group of `group_size` samples on each of
+    `tasks_per_iteration` sampled tasks) and commit it to the store as (run_id, iteration).
+
+    Committing is idempotent: a batch already in the store is run again but written once."""
+    requests = plan_iteration(
+        [Path(d) for d in task_dirs],
+        run_id=run_id,
+        iteration=iteration,
+        policy=policy,
+        tasks_per_iteration=tasks_per_iteration,
+        group_size=group_size,
+        shard_count=1,
+        seed=seed,
+        episode_config=EpisodeConfig(max_steps=max_steps, seed=seed),
+    )
+    own_pool = pool is None
+    pool = pool or SandboxPool(limits=Limits(), max_idle_per_snapshot=1)
+    try:
+        outcomes = [rollout_shard_and_commit(r, store.root, pool=pool) for r in requests]
+    finally:
+        if own_pool:
+            pool.close()
+    return [t for outcome in outcomes for t in outcome.trajectories]
+
+
+def _done_iterations(store: TrajectoryStore, run_id: str) -> list[int]:
+    try:
+        rows = store.query(
+            "SELECT DISTINCT iteration FROM metrics WHERE run_id = ? AND source = ? ORDER BY 1",
+            [run_id, ITERATION_DONE_SOURCE],
+        ).to_pylist()
+    except StoreError:
+        return []
+    return [int(row["iteration"]) for row in rows]
+
+
+def _restore(
+    store: TrajectoryStore, run_id: str, *, seed: int, resume: bool
+) -> tuple[GRPOTrainer, int]:
+    done = _done_iterations(store, run_id)
+    if done and not resume:
+        raise ValueError(
+            f"run {run_id!r} already has {len(done)} completed iteration(s) in {store.root}; "
+            "pass resume=True to continue it or choose another run_id"
+        )
+    checkpoints = [c for c in store.list_checkpoints(run_id) if done and c.iteration <= done[-1]]
+    if not checkpoints:
+        return GRPOTrainer(CandidateScorerPolicy(seed=seed), GRPOConfig(seed=seed)), 0
+    latest = max(checkpoints, key=lambda c: (c.iteration, c.created_at))
+    return load_checkpoint(store, run_id, latest.policy_version, seed=seed), done[-1] + 1
+
+
+def train_locally(
+    tasks_dir: str | Path,
+    store: str | Path | TrajectoryStore,
+    *,
+    run_id: str = "local-0",
+    iterations: int = 3,
+    tasks_per_iteration: int = 4,
+    group_size: int = 4,
+    max_steps: int = 8,
+    seed: int = 0,
+    resume: bool = False,
+    gate_settings: GateSettings | None = None,
+    on_iteration: Callable[[LocalIteration], None] | None = None,
+) -> list[LocalIteration]:
+    """Train the built-in policy with GRPO for `iterations` iterations, in this process.
+
+    Gate thresholds come from `ROLLYARD_GATE_*` unless `gate_settings` is given; a quarantined
+    iteration is recorded and skipped by the trainer, as in the flow. `on_iteration` is called
+    after each iteration (progress in a notebook)."""
+    if iterations < 1:
+        raise ValueError(f"iterations must be >= 1, got {iterations}")
+    store = store if isinstance(store, TrajectoryStore) else TrajectoryStore(store)
+    task_dirs = task_dirs_in(tasks_dir)
+    trainer, first = _restore(store, run_id, seed=seed, resume=resume)
+    gate_settings = gate_settings or GateSettings.from_env()
+    done: list[LocalIteration] = []
+    with SandboxPool(limits=Limits(), max_idle_per_snapshot=1) as pool:
+        for iteration in range(first, iterations):
+            started = time.monotonic()
+            batch = rollout_batch(
+                task_dirs,
+                store,
+                policy=trainer.policy,
+                run_id=run_id,
+                iteration=iteration,
+                tasks_per_iteration=tasks_per_iteration,
+                group_size=group_size,
+                max_steps=max_steps,
+                seed=seed,
+                pool=pool,
+            )
+            report = gate_iteration(
+                store, run_id, iteration, gate_settings, expected_episodes=len(batch)
+            )
+            # The trainer reads what the store holds as committed and not quarantined.
+            kept = set(
+                store.read_episodes(run_id, iteration, columns=["episode_id"]).column(0).to_pylist()
+            )
+            trainable = [t for t in batch if t.episode_id in kept]
+            version_before = trainer.policy.version
+            values: dict[str, float | None] = {}
+            if trainable:
+                values.update(trainer.update(trainable).as_dict())
+            save_checkpoint(
+                trainer,
+                store,
+                run_id=run_id,
+                iteration=iteration,
+                trained_on_iterations=[iteration] if trainable else [],
+                n_episodes=len(trainable),
+                parent_policy_version=version_before,
+            )
+            wall_s = time.monotonic() - started
+            values["rollout_wall_s"] = wall_s
+            store.record_metrics(run_id, iteration, values, source=ITERATION_DONE_SOURCE)
+            rewards = [t.reward for t in batch if t.trainable and t.reward is not None]
+            summary = LocalIteration(
+                iteration=iteration,
+                episodes=len(batch),
+                reward_mean=sum(rewards) / len(rewards) if rewards else 0.0,
+                pass_rate=sum(1 for r in rewards if r >= 1.0) / len(rewards) if rewards else 0.0,
+                infra_errors=sum(1 for t in batch if not t.trainable),
+                policy_version=trainer.policy.version,
+                quarantined=report.quarantined,
+                gate_reason=report.reason,
+                wall_s=wall_s,
+            )
+            done.append(summary)
+            if on_iteration is not None:
+                on_iteration(summary)
+    return done
