@@ -18,6 +18,8 @@ COMMAND_MODULES = (
     "flows.commands.query",
     "flows.commands.task_import",
     "flows.commands.curate",
+    "flows.commands.serve",
+    "flows.commands.report",
 )
 
 EXIT_USAGE = 2

@@ -4,7 +4,7 @@
 set -euo pipefail
 venv=${1:-.venv}
 
-apt_packages=(bubblewrap util-linux libseccomp2 git)
+apt_packages=(bubblewrap util-linux libseccomp2 git chromium)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

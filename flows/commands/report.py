@@ -1,0 +1,40 @@
+"""`rollyard report`: write a self-contained HTML report of a store."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from flows.cli import CliError
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "report",
+        help="write a self-contained HTML report of a store (curves, tables, gate history)",
+        description=(
+            "Write one HTML file, figures inlined, with the store's reward curves, held-out "
+            "evaluations, quality gate history, failure taxonomy, reward-hack flags, "
+            "throughput, task library and checkpoints."
+        ),
+    )
+    parser.add_argument("--store", default=".rollyard", help="store root (default ./.rollyard)")
+    parser.add_argument("--out", default=None, help="output file (default STORE/report.html)")
+    parser.add_argument("--run-id", default=None, help="report on this run only")
+    parser.add_argument("--title", default="rollyard report")
+    parser.set_defaults(handler=report_command)
+
+
+def report_command(args: argparse.Namespace) -> int:
+    from storage import StoreError, TrajectoryStore
+    from storage.report import write_report
+
+    try:
+        store = TrajectoryStore(args.store, create=False)
+        out = Path(args.out) if args.out else Path(store.root) / "report.html"
+        path = write_report(store, out, run_id=args.run_id, title=args.title)
+    except StoreError as error:
+        raise CliError(str(error)) from error
+    print(f"report written to {path}")
+    return 0

@@ -1,0 +1,168 @@
+"""The deployments `rollyard serve` runs on a schedule: nightly curation of the task library,
+periodic evaluation of new checkpoints on held-out tasks, and training (which resumes its run, so
+a scheduled run continues an interrupted one and does nothing once the run is complete).
+
+Served deployments run in the serving process's machine; for a Prefect server with work pools
+and a remote Dask cluster, see `infra/prefect.yaml`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.deployments.runner import RunnerDeployment
+from prefect.task_runners import TaskRunner
+
+from flows.curate import CurateParams, curate, task_dirs_from
+from flows.evaluate import EvaluateParams, evaluate
+from flows.train import TrainSettings, train
+
+CURATE_DEPLOYMENT = "nightly-curation"
+EVALUATE_DEPLOYMENT = "evaluate-checkpoints"
+TRAIN_DEPLOYMENT = "training"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServeSettings:
+    """What `rollyard serve` serves, and when."""
+
+    store: str
+    tasks_dir: str
+    """The task library: curated nightly, trained on."""
+    eval_tasks_dir: str | None = None
+    """Held-out tasks: checkpoints are evaluated on them, curation checks the library against
+    them for contamination. None: no evaluation deployment."""
+    run_id: str = "run-0"
+    """The training run the training deployment continues and evaluation follows."""
+    curate_cron: str = "0 2 * * *"
+    evaluate_interval_s: float = 900.0
+    train_cron: str = "0 3 * * *"
+    timezone: str = "UTC"
+    """Time zone of the cron schedules."""
+    train_iterations: int = 6
+    workers: int = 2
+    """Dask worker processes of the LocalCluster each curation or training run starts."""
+    dask_address: str | None = None
+    """A running Dask scheduler to use instead of a LocalCluster per run."""
+    paused: bool = False
+    """Register the schedules paused (runs are only started by hand or through the API)."""
+
+    def __post_init__(self) -> None:
+        if self.evaluate_interval_s <= 0:
+            raise ValueError(f"evaluate_interval_s must be > 0, got {self.evaluate_interval_s}")
+
+
+def dask_task_runner(workers: int, dask_address: str | None) -> TaskRunner[Any]:
+    from prefect_dask import DaskTaskRunner
+
+    if dask_address:
+        return DaskTaskRunner(address=dask_address)
+    return DaskTaskRunner(
+        cluster_kwargs={
+            "n_workers": workers,
+            "threads_per_worker": 1,
+            "processes": True,
+            "dashboard_address": None,
+        }
+    )
+
+
+@flow(name="curate-library", log_prints=False)
+def curate_library(
+    tasks_dir: str,
+    store: str,
+    eval_tasks_dir: str | None = None,
+    workers: int = 2,
+    dask_address: str | None = None,
+) -> list[dict[str, Any]]:
+    """Curate every task now in `tasks_dir` (the library grows between runs) as one batch."""
+    task_dirs = task_dirs_from([tasks_dir])
+    get_run_logger().info("curating %d tasks from %s", len(task_dirs), tasks_dir)
+    params = CurateParams(
+        task_dirs=tuple(task_dirs),
+        store=store,
+        eval_dirs=(eval_tasks_dir,) if eval_tasks_dir else (),
+    )
+    return curate.with_options(task_runner=dask_task_runner(workers, dask_address))(params)
+
+
+def build_deployments(settings: ServeSettings) -> list[RunnerDeployment]:
+    """The deployments with their schedules and parameters."""
+    from prefect.schedules import Cron, Interval
+
+    common: dict[str, Any] = {"paused": settings.paused}
+    deployments = [
+        curate_library.to_deployment(
+            name=CURATE_DEPLOYMENT,
+            schedule=Cron(settings.curate_cron, timezone=settings.timezone),
+            parameters={
+                "tasks_dir": settings.tasks_dir,
+                "store": settings.store,
+                "eval_tasks_dir": settings.eval_tasks_dir,
+                "workers": settings.workers,
+                "dask_address": settings.dask_address,
+            },
+            description="Curate the task library (verify, flake-check, dedup, decontaminate).",
+            tags=["rollyard", "curation"],
+            **common,
+        ),
+        train.with_options(
+            task_runner=dask_task_runner(settings.workers, settings.dask_address)
+        ).to_deployment(
+            name=TRAIN_DEPLOYMENT,
+            schedule=Cron(settings.train_cron, timezone=settings.timezone),
+            parameters={
+                "settings": dataclasses.asdict(
+                    TrainSettings(
+                        tasks_dir=settings.tasks_dir,
+                        store=settings.store,
+                        run_id=settings.run_id,
+                        iterations=settings.train_iterations,
+                        resume=True,
+                    )
+                )
+            },
+            description=f"Train (resuming) run {settings.run_id} to "
+            f"{settings.train_iterations} iterations.",
+            tags=["rollyard", "training"],
+            **common,
+        ),
+    ]
+    if settings.eval_tasks_dir:
+        deployments.append(
+            evaluate.to_deployment(
+                name=EVALUATE_DEPLOYMENT,
+                schedule=Interval(
+                    datetime.timedelta(seconds=settings.evaluate_interval_s),
+                    timezone=settings.timezone,
+                ),
+                parameters={
+                    "params": dataclasses.asdict(
+                        EvaluateParams(
+                            store=settings.store,
+                            tasks_dir=settings.eval_tasks_dir,
+                            run_id=settings.run_id,
+                        )
+                    )
+                },
+                description="Evaluate new checkpoints on the held-out tasks.",
+                tags=["rollyard", "evaluation"],
+                **common,
+            )
+        )
+    return deployments
+
+
+def serve(settings: ServeSettings, *, limit: int | None = 1) -> None:
+    """Serve the deployments until SIGTERM or Ctrl-C, against `PREFECT_API_URL` or a local
+    Prefect server started (and stopped) for the purpose. `limit`: concurrent flow runs (one
+    by default: curation and training each fill the machine's cores)."""
+    from prefect import serve as prefect_serve
+
+    from flows.runtime import prefect_api, prefect_home_for
+
+    with prefect_api(prefect_home_for(settings.store)):
+        prefect_serve(*build_deployments(settings), limit=limit)
