@@ -4,7 +4,9 @@ Each iteration reads top to bottom as library calls wrapped in Prefect tasks. A 
 a shard of episodes (Prefect costs 160-270 ms per task under the Dask runner here, so episodes
 are never one task each). Exactly-once lives in the store, not in Prefect's result cache: shards
 commit under (run, iteration, shard), and the trainer consumes only what the store says is
-committed and not quarantined. Resume starts after the last iteration that has a checkpoint.
+committed and not quarantined by the iteration's quality gate. In async mode the next
+iterations roll out while the trainer updates, within a policy-lag bound. Resume starts after
+the last iteration whose completion marker (a metrics row written last) is in the store.
 """
 
 from __future__ import annotations

@@ -151,12 +151,13 @@ def _run_with_progress(settings: Any, args: argparse.Namespace) -> list[Any]:
     rewards: list[float] = []
 
     def hook(event: str, values: dict[str, Any]) -> None:
+        # In async mode the next iteration starts before this one ends: the episode bar counts
+        # every episode scheduled so far, so it only ever grows.
         if event == "iteration_start":
-            rewards.clear()
-            progress.reset(
+            progress.update(
                 episodes,
-                total=values["episodes"],
-                description=f"episodes (iteration {values['iteration']})",
+                total=(progress.tasks[episodes].total or 0) + values["episodes"],
+                description=f"episodes (up to iteration {values['iteration']})",
                 status="in flight",
             )
         elif event == "shard_done":
@@ -165,10 +166,12 @@ def _run_with_progress(settings: Any, args: argparse.Namespace) -> list[Any]:
             progress.update(episodes, advance=values["episodes"], status=f"mean reward {mean:.2f}")
         elif event == "iteration_done":
             summary = values["summary"]
+            rewards.clear()
             progress.update(
                 iterations,
                 completed=summary.iteration + 1,
-                status=f"last mean reward {summary.reward_mean:.2f}",
+                status=f"last mean reward {summary.reward_mean:.2f}"
+                + (" (quarantined)" if summary.quarantined else ""),
             )
 
     set_progress_hook(hook)
@@ -190,6 +193,7 @@ def _print_summary(summaries: list[Any]) -> None:
         "mean reward",
         "pass rate",
         "infra errors",
+        "gate",
         "policy version",
         "wall s",
     ):
@@ -201,6 +205,7 @@ def _print_summary(summaries: list[Any]) -> None:
             f"{s.reward_mean:.3f}",
             f"{s.pass_rate:.2f}",
             str(s.infra_errors),
+            "quarantined" if s.quarantined else "passed",
             s.policy_version,
             f"{s.wall_s:.1f}",
         )
