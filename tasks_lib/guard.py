@@ -77,6 +77,10 @@ RULES: dict[str, tuple[Severity, str]] = {
     "missing_tests": ("suspicious", "expected tests did not appear in the report"),
     "missing_report": ("suspicious", "pytest ended without writing its report"),
     "report_mismatch": ("tamper", "the report and pytest's exit status disagree"),
+    "artifact_preseeded": (
+        "suspicious",
+        "the candidate ships an output artifact (removed before the command runs)",
+    ),
 }
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from sandboxes import Limits
 from tasks_lib.errors import TaskNotFoundError, TaskValidationError, ValidationIssue
+from tasks_lib.verifiers.spec import VERIFIER_KINDS, parse_artifact, parse_rules
 from tasks_lib.model import (
     DEFAULT_HIDDEN_DIR,
     DEFAULT_TEST_COMMAND,
@@ -45,6 +46,9 @@ ROLLYARD_FIELDS = {
     "source": "where the task comes from",
     "difficulty": "easy | medium | hard",
     "limits": "table of sandbox limits and timeouts",
+    "verifier": "tests | artifact | rules",
+    "artifact": "table of the artifact verifier (outputs, variants, command)",
+    "rules": "table of the rule verifier (checks, overlay_dir)",
 }
 EXTRA_LIMIT_FIELDS = ("agent_timeout_s", "verify_timeout_s")
 
@@ -485,7 +489,36 @@ def _load(root: Path) -> Task:
             f"lists hidden tests but {hidden_relative}/ does not exist",
             "add the hidden test files there or set hidden_dir",
         )
-    if has_table and not (fail_to_pass or pass_to_pass or hidden_tests):
+    verifier = _string(check, rollyard, "verifier", "tests")
+    if verifier not in VERIFIER_KINDS:
+        check.add(
+            "task.toml",
+            "rollyard.verifier",
+            verifier,
+            "is not a known verifier kind",
+            f"use one of {', '.join(VERIFIER_KINDS)}",
+        )
+        verifier = "tests"
+    artifact = parse_artifact(check, root, rollyard) if verifier == "artifact" else None
+    rules = parse_rules(check, root, rollyard) if verifier == "rules" else None
+    for key, kind in (("artifact", "artifact"), ("rules", "rules")):
+        if key in rollyard and verifier != kind:
+            check.add(
+                "task.toml",
+                f"rollyard.{key}",
+                "-",
+                f"is set but verifier = {verifier!r}",
+                f'set verifier = "{kind}" or remove [rollyard.{key}]',
+            )
+    if verifier != "tests" and (fail_to_pass or pass_to_pass or hidden_tests):
+        check.add(
+            "task.toml",
+            "rollyard.fail_to_pass",
+            [*fail_to_pass, *pass_to_pass, *hidden_tests],
+            f"test ids are listed but verifier = {verifier!r} runs no test suite",
+            'remove the test ids or set verifier = "tests"',
+        )
+    if has_table and verifier == "tests" and not (fail_to_pass or pass_to_pass or hidden_tests):
         check.add(
             "task.toml",
             "rollyard.fail_to_pass",
@@ -549,4 +582,7 @@ def _load(root: Path) -> Task:
         source=source,
         difficulty=difficulty,
         has_rollyard_table=has_table,
+        verifier=verifier,
+        artifact=artifact,
+        rules=rules,
     )

@@ -6,6 +6,7 @@ import dataclasses
 from pathlib import Path
 
 from sandboxes import Limits
+from tasks_lib.verifiers.spec import ArtifactSpec, RulesSpec
 
 HARBOR_FORMAT_VERSION = "1.0"
 DEFAULT_WORKSPACE_DIR = "environment/workspace"
@@ -71,6 +72,13 @@ class Task:
     difficulty: str
     has_rollyard_table: bool
     """False for a plain Harbor task: it is scored from the `reward.txt` its test.sh writes."""
+    verifier: str = "tests"
+    """How the task is judged: `tests` (pytest suite), `artifact` (outputs against references)
+    or `rules` (declarative checks over the final state)."""
+    artifact: ArtifactSpec | None = None
+    """The `[rollyard.artifact]` table when `verifier` is `artifact`."""
+    rules: RulesSpec | None = None
+    """The `[rollyard.rules]` table when `verifier` is `rules`."""
 
     @property
     def expected_tests(self) -> tuple[str, ...]:

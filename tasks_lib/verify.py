@@ -99,11 +99,19 @@ def verify(
     """Score `candidate` (changes to `task`'s workspace; None = untouched) in a fresh sandbox."""
     started = time.monotonic()
     policy = policy or GuardPolicy()
+    if task.verifier != "tests":
+        from tasks_lib.verifiers.run import kind_policy
+
+        policy = kind_policy(policy)
     candidate = candidate if candidate is not None else CandidateChanges.empty()
     guarded = guard_changes(
         candidate, task.snapshot_dir, task_protected=task.protected, policy=policy
     )
     run = _Run(task, guarded, policy, timeout_s or task.verify_timeout_s, started)
+    if task.verifier != "tests":
+        from tasks_lib.verifiers.run import verify_declared
+
+        return verify_declared(task, guarded, run, backend)
     try:
         with open_sandbox(task.snapshot_dir, backend=backend, limits=task.limits) as sandbox:
             run.digest = sandbox.snapshot_digest
