@@ -185,8 +185,8 @@ def main() -> int:
     print("  by final status (count, with a reward, recovered after a retry):")
     for row in report["statuses"]:  # type: ignore[attr-defined]
         print(
-            f"    {row['status']:>14}: {row['n']:5d}  {row['with_reward']:5d}  "
-            f"{row['recovered_after_retry']:5d}"
+            f"    {row['status']:>14}: {int(row['n']):5d}  {int(row['with_reward']):5d}  "
+            f"{int(row['recovered_after_retry']):5d}"
         )
     infra_scored = sum(
         r["with_reward"]
