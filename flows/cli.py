@@ -15,6 +15,7 @@ COMMAND_MODULES = (
     "flows.commands.tasks",
     "flows.commands.sandbox",
     "flows.commands.train",
+    "flows.commands.audit",
     "flows.commands.query",
     "flows.commands.task_import",
     "flows.commands.curate",
@@ -66,4 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the imported module's main: under `python -m flows.cli` this file is also loaded as
+    # `__main__`, and commands raise `flows.cli.CliError`, not `__main__.CliError`.
+    from flows.cli import main as imported_main
+
+    sys.exit(imported_main())
