@@ -18,7 +18,7 @@ from prefect.task_runners import TaskRunner
 
 from flows.curate import CurateParams, curate, task_dirs_from
 from flows.evaluate import EvaluateParams, evaluate
-from flows.train import TrainSettings, train
+from flows.train import IterationSummary, TrainSettings, train
 
 CURATE_DEPLOYMENT = "nightly-curation"
 EVALUATE_DEPLOYMENT = "evaluate-checkpoints"
@@ -87,6 +87,15 @@ def curate_library(
         eval_dirs=(eval_tasks_dir,) if eval_tasks_dir else (),
     )
     return curate.with_options(task_runner=dask_task_runner(workers, dask_address))(params)
+
+
+@flow(name="train-on-dask", log_prints=False)
+def train_on_dask(
+    settings: TrainSettings, workers: int = 2, dask_address: str | None = None
+) -> list[IterationSummary]:
+    """The train flow on a Dask task runner, for work-pool deployments (`infra/prefect.yaml`):
+    a worker loads a flow from its entrypoint, so the runner is chosen inside the flow here."""
+    return train.with_options(task_runner=dask_task_runner(workers, dask_address))(settings)
 
 
 def build_deployments(settings: ServeSettings) -> list[RunnerDeployment]:
