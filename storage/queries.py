@@ -5,7 +5,8 @@ Views derived here (on top of one view per table, see `TrajectoryStore.connect`)
 - `gate_verdicts`: the latest verdict per (run_id, iteration, suite);
 - `iteration_status`: per (run_id, iteration) with episodes, whether it is quarantined and why;
 - `training_episodes`: committed episodes of iterations that are not quarantined;
-- `tasks_latest`: the latest catalog row per (task_id, task_version).
+- `tasks_latest`: the latest catalog row per (task_id, task_version);
+- `reviews_latest`: each reviewer's latest verdict per episode.
 """
 
 from __future__ import annotations
@@ -41,6 +42,12 @@ DERIVED_VIEWS: dict[str, str] = {
         SELECT * FROM tasks
         QUALIFY row_number() OVER (
             PARTITION BY task_id, task_version ORDER BY recorded_at DESC
+        ) = 1
+    """,
+    "reviews_latest": """
+        SELECT * FROM reviews
+        QUALIFY row_number() OVER (
+            PARTITION BY episode_id, reviewer ORDER BY reviewed_at DESC, review_id
         ) = 1
     """,
 }
@@ -153,6 +160,26 @@ _QUERIES = (
         """,
     ),
     NamedQuery(
+        "audit_rates",
+        "Per run and iteration (latest audit): top-reward episodes audited, and the shares "
+        "confirmed, not reproduced and suspicious.",
+        """
+        WITH latest AS (
+            SELECT run_id, iteration, max(evaluation) AS evaluation FROM gates
+            WHERE suite = 'audit' GROUP BY ALL
+        )
+        SELECT g.run_id, g.iteration, count(*) AS audited,
+               avg(CASE WHEN g.observed = 'confirmed' THEN 1.0 ELSE 0.0 END) AS confirmed_rate,
+               avg(CASE WHEN g.observed = 'not_reproduced' THEN 1.0 ELSE 0.0 END)
+                   AS not_reproduced_rate,
+               avg(CASE WHEN g.observed = 'suspicious' THEN 1.0 ELSE 0.0 END) AS suspicious_rate
+        FROM gates g JOIN latest l USING (run_id, iteration, evaluation)
+        WHERE g.suite = 'audit' AND g.kind = 'expectation'
+        GROUP BY g.run_id, g.iteration
+        ORDER BY g.run_id, g.iteration
+        """,
+    ),
+    NamedQuery(
         "lineage",
         "Task → checkpoint: which policy versions trained on which task version, from how many "
         "non-quarantined episodes.",
@@ -171,6 +198,27 @@ _QUERIES = (
         GROUP BY e.task_id, e.task_version, t.run_id, t.policy_version
         ORDER BY e.task_id, e.task_version, t.run_id, produced_at_iteration
         """,
+    ),
+)
+
+REVIEW_AGREEMENT_SQL = """
+    SELECT coalesce(family, 'unknown') AS family,
+           coalesce(verifier, 'unknown') AS verifier,
+           CAST(date_trunc('day', reviewed_at) AS DATE) AS day,
+           count(*) AS reviews,
+           CAST(sum(CASE WHEN verdict = 'agree' THEN 1 ELSE 0 END) AS BIGINT) AS agreed,
+           avg(CASE WHEN verdict = 'agree' THEN 1.0 ELSE 0.0 END) AS agreement_rate
+    FROM reviews_latest
+    GROUP BY ALL
+    ORDER BY family, verifier, day
+"""
+
+_QUERIES = (
+    *_QUERIES,
+    NamedQuery(
+        "review_agreement",
+        "Per family, verifier and day: human spot checks and the share agreeing with the reward.",
+        REVIEW_AGREEMENT_SQL,
     ),
 )
 

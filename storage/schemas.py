@@ -202,6 +202,34 @@ CHECKPOINTS = TableSpec(
     ),
 )
 
+REVIEW_VERDICTS = ("agree", "disagree")
+
+REVIEWS = TableSpec(
+    name="reviews",
+    schema=pa.schema(
+        [
+            # Deterministic per (episode, reviewer, verdict, note): recording the same verdict
+            # twice writes nothing; a changed verdict is a new row and the latest one counts.
+            _f("review_id", pa.string(), False),
+            _f("episode_id", pa.string(), False),
+            _f("run_id", pa.string()),
+            _f("iteration", pa.int64()),
+            _f("task_id", pa.string()),
+            _f("task_version", pa.string()),
+            _f("family", pa.string()),
+            # The verifier kind whose reward is under review: tests, artifact, rules, ...
+            _f("verifier", pa.string()),
+            _f("reward", pa.float64()),
+            _f("episode_status", pa.string()),
+            # "agree": the reward is right for what the episode did; "disagree": it is not.
+            _f("verdict", pa.string(), False),
+            _f("note", pa.string()),
+            _f("reviewer", pa.string(), False),
+            _f("reviewed_at", _TS, False),
+        ]
+    ),
+)
+
 TABLES: dict[str, TableSpec] = {
-    spec.name: spec for spec in (EPISODES, STEPS, TASKS, GATES, METRICS, CHECKPOINTS)
+    spec.name: spec for spec in (EPISODES, STEPS, TASKS, GATES, METRICS, CHECKPOINTS, REVIEWS)
 }

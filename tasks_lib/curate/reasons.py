@@ -20,6 +20,7 @@ RULES = {
     "eval_duplicate": "an exact or near duplicate of an evaluation task",
     "contaminated": "shares 13-grams with an evaluation task",
     "fix_in_instruction": "a line of the reference fix appears in the instruction",
+    "low_review_agreement": "human reviewers disagree with too many rewards of the task's family",
 }
 
 
