@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "flows.commands.curate",
     "flows.commands.serve",
     "flows.commands.report",
+    "flows.commands.domains",
 )
 
 EXIT_USAGE = 2

@@ -1,0 +1,233 @@
+"""`rollyard tasks generate|new|lint` and `rollyard review ...`: task families beyond bug fixing,
+the authoring kit, and human spot checks of rewards. Output is JSON lines, like `rollyard tasks`.
+
+The `tasks` sub-commands are added to the group `flows.commands.tasks` creates (this module is
+registered after it)."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from flows.cli import CliError
+
+EXIT_WEAK = 1
+FAMILIES = ("data_analysis", "ops")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction[argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action
+    raise RuntimeError("the tasks group has no sub-commands; register flows.commands.tasks first")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    tasks = subparsers.choices.get("tasks")
+    if tasks is None:
+        raise RuntimeError("register flows.commands.tasks before flows.commands.domains")
+    commands = _subcommands(tasks)
+
+    generate = commands.add_parser("generate", help="write N tasks of a built-in family (data_analysis, ops)")
+    generate.add_argument("family", choices=FAMILIES, metavar="FAMILY", help=" | ".join(FAMILIES))
+    generate.add_argument("--out", required=True, type=Path, help="directory to write the tasks to")
+    generate.add_argument("--count", type=_positive_int, default=8)
+    generate.add_argument("--seed", type=int, default=0)
+    generate.set_defaults(handler=generate_command)
+
+    new = commands.add_parser("new", help="scaffold a task family: generator, verifier choice, docs, test")
+    new.add_argument("name", metavar="FAMILY_NAME", help="Python package name of the family")
+    new.add_argument("--dir", type=Path, default=Path("."), help="where the family package goes")
+    new.add_argument("--verifier", choices=("artifact", "rules"), default="artifact")
+    new.set_defaults(handler=new_command)
+
+    lint = commands.add_parser("lint", help="report weak tasks: no hidden checks, solvable by the "
+                               "empty action, answer in the instruction, verifier over its budget")  # fmt: skip
+    lint.add_argument("tasks", type=Path, nargs="+", metavar="DIR")
+    lint.add_argument("--static", action="store_true", help="skip the checks that run the verifier")
+    lint.set_defaults(handler=lint_command)
+
+    review = subparsers.add_parser("review", help="human spot checks of rewards: queue, record, agreement")
+    group = review.add_subparsers(dest="review_command", required=True, metavar="COMMAND")
+    queue = group.add_parser("queue", help="episodes to review, stratified by family and reward")
+    _store_arg(queue)
+    queue.add_argument("--per-stratum", type=_positive_int, default=2)
+    queue.add_argument("--seed", type=int, default=0)
+    queue.add_argument("--run-id")
+    queue.add_argument("--tasks", type=Path, nargs="*", default=[], metavar="DIR",
+                       help="task dirs: family and verifier kind come from them")  # fmt: skip
+    queue.set_defaults(handler=queue_command)
+
+    show = group.add_parser("show", help="an episode's actions and observations, for review")
+    _store_arg(show)
+    show.add_argument("episode_id", metavar="EPISODE_ID")
+    show.set_defaults(handler=show_command)
+
+    record = group.add_parser("record", help="record agree/disagree with an episode's reward")
+    _store_arg(record)
+    record.add_argument("episode_id", metavar="EPISODE_ID")
+    record.add_argument("verdict", choices=("agree", "disagree"))
+    record.add_argument("--note", default=None)
+    record.add_argument("--reviewer", default=None, help="default: $ROLLYARD_REVIEWER or the user")
+    record.add_argument("--verifier", default=None, help="verifier kind, when the store lacks it")
+    record.add_argument("--family", default=None, help="task family, when the store lacks it")
+    record.set_defaults(handler=record_command)
+
+    agreement = group.add_parser("agreement", help="agreement rate per family, verifier and day")
+    _store_arg(agreement)
+    agreement.set_defaults(handler=agreement_command)
+
+    gate = group.add_parser("gate", help="families whose review agreement blocks more tasks")
+    _store_arg(gate)
+    gate.add_argument("--min-reviews", type=_positive_int, default=10)
+    gate.add_argument("--min-agreement", type=float, default=0.8)
+    gate.set_defaults(handler=gate_command)
+
+
+def _store_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", default=".rollyard", help="store root (default ./.rollyard)")
+
+
+def _print(obj: dict[str, Any]) -> None:
+    print(json.dumps(obj, default=str), flush=True)
+
+
+def _task_dirs(paths: list[Path]) -> Iterator[Path]:
+    for path in paths:
+        if path.is_dir() and not (path / "task.toml").exists():
+            children = sorted(child.parent for child in path.glob("*/task.toml"))
+            if children:
+                yield from children
+                continue
+        yield path
+
+
+def generate_command(args: argparse.Namespace) -> int:
+    from tasks_lib import TaskError
+
+    try:
+        if args.family == "data_analysis":
+            from tasks_lib.families.data_analysis import generate_data_analysis_tasks as generate
+        else:
+            from tasks_lib.families.ops import generate_ops_tasks as generate
+        paths = generate(args.out, args.count, args.seed)
+    except (TaskError, OSError) as error:
+        raise CliError(f"cannot write {args.family} tasks to {args.out}: {error}") from error
+    _print({"family": args.family, "out": str(args.out), "count": len(paths), "seed": args.seed,
+            "task_ids": [p.name for p in paths]})  # fmt: skip
+    return 0
+
+
+def new_command(args: argparse.Namespace) -> int:
+    from tasks_lib.authoring import ScaffoldError, scaffold_family
+
+    try:
+        files = scaffold_family(args.name, args.dir, verifier=args.verifier)
+    except (ScaffoldError, OSError) as error:
+        raise CliError(str(error)) from error
+    test = next(f for f in files if f.name.startswith("test_"))
+    _print({"family": args.name, "verifier": args.verifier, "files": [str(f) for f in files],
+            "next": f"python -m pytest {test}"})  # fmt: skip
+    return 0
+
+
+def lint_command(args: argparse.Namespace) -> int:
+    from tasks_lib.authoring import lint_task
+
+    weak = 0
+    for path in _task_dirs(args.tasks):
+        report = lint_task(path, run_verifier=not args.static)
+        weak += report.weak
+        _print(report.to_json())
+    return EXIT_WEAK if weak else 0
+
+
+def _store(args: argparse.Namespace) -> Any:
+    from storage import TrajectoryStore
+
+    return TrajectoryStore(args.store)
+
+
+def queue_command(args: argparse.Namespace) -> int:
+    from storage.reviews import review_queue
+    from tasks_lib import TaskError, load_task
+
+    info: dict[str, tuple[str, str]] = {}
+    for path in _task_dirs(args.tasks):
+        try:
+            task = load_task(path)
+        except TaskError as error:
+            raise CliError(str(error)) from error
+        info[task.id] = (task.family, task.verifier)
+    items = review_queue(_store(args), per_stratum=args.per_stratum, seed=args.seed,
+                         run_id=args.run_id, task_info=info)  # fmt: skip
+    for item in items:
+        _print(item.to_json())
+    return 0
+
+
+def show_command(args: argparse.Namespace) -> int:
+    store = _store(args)
+    episodes = store.query("SELECT * FROM episodes WHERE episode_id = ?", [args.episode_id]).to_pylist()
+    if not episodes:
+        raise CliError(f"no episode {args.episode_id!r} in {args.store}; list some with `rollyard review queue`")
+    steps = store.query(
+        "SELECT step, action_kind, action_text, observation, exit_code FROM steps "
+        "WHERE episode_id = ? ORDER BY step",
+        [args.episode_id],
+    ).to_pylist()
+    episode = episodes[0]
+    _print({key: episode[key] for key in ("episode_id", "task_id", "reward", "status", "flags", "n_steps")})
+    for step in steps:
+        _print(step)
+    return 0
+
+
+def record_command(args: argparse.Namespace) -> int:
+    from storage import StoreError
+
+    reviewer = args.reviewer or os.environ.get("ROLLYARD_REVIEWER") or getpass.getuser()
+    store = _store(args)
+    context = {"verifier": args.verifier, "family": args.family}
+    try:
+        review_id = store.record_review(args.episode_id, args.verdict, reviewer=reviewer,
+                                        note=args.note, context=context)  # fmt: skip
+    except StoreError as error:
+        raise CliError(str(error)) from error
+    _print({"review_id": review_id, "episode_id": args.episode_id, "verdict": args.verdict,
+            "reviewer": reviewer})  # fmt: skip
+    return 0
+
+
+def agreement_command(args: argparse.Namespace) -> int:
+    from storage.reviews import agreement
+
+    for row in agreement(_store(args)):
+        _print(row)
+    return 0
+
+
+def gate_command(args: argparse.Namespace) -> int:
+    from storage.reviews import review_gate
+
+    decisions = review_gate(_store(args), min_reviews=args.min_reviews, min_agreement=args.min_agreement)
+    for decision in decisions.values():
+        _print({"family": decision.family, "reviews": decision.reviews,
+                "agreement_rate": decision.agreement_rate, "admit": decision.admit,
+                "reason": decision.reason})  # fmt: skip
+    return 0
