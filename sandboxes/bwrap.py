@@ -190,14 +190,18 @@ class BwrapSandbox(Sandbox):
             "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
             *_system_layout_args(),
         ]  # fmt: skip
-        for index, runtime in enumerate(host.python_runtime_dirs()):
-            bwrap += ["--ro-bind", str(self._dir / "runtime" / str(index)), str(runtime)]
         bwrap += [
             # /dev is a tmpfs bwrap leaves writable and unsized: make it read-only (device nodes
             # still work) and give /dev/shm the same size limit as /tmp.
             "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
             "--size", str(self.limits.disk_mb << 20), "--tmpfs", "/dev/shm",
             "--size", str(self.limits.disk_mb << 20), "--tmpfs", "/tmp",
+        ]  # fmt: skip
+        # After /tmp: an interpreter or venv that lives under /tmp on the host must be bound on
+        # top of the sandbox's fresh /tmp, not hidden by it.
+        for index, runtime in enumerate(host.python_runtime_dirs()):
+            bwrap += ["--ro-bind", str(self._dir / "runtime" / str(index)), str(runtime)]
+        bwrap += [
             "--bind", str(self._merged), WORKSPACE_MOUNT, "--chdir", WORKSPACE_MOUNT,
             "--remount-ro", "/", "--clearenv",
         ]  # fmt: skip
