@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import re
+from typing import cast
 from uuid import UUID
 
 from prefect.artifacts import create_markdown_artifact
@@ -47,8 +48,9 @@ def publish_iteration_artifacts(store: TrajectoryStore, run_id: str, iteration: 
             *lines,
         ]
     )
-    return create_markdown_artifact(
+    artifact_id = create_markdown_artifact(
         key=artifact_key("reward-curve", run_id),
         markdown=markdown,
         description=f"Reward curve of run {run_id} after iteration {iteration}",
     )
+    return cast(UUID, artifact_id)  # sync call: Prefect's async-or-sync signature says both

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from typing import Any
+from typing import Any, cast
 
 from prefect import flow, get_run_logger
 from prefect.deployments.runner import RunnerDeployment
@@ -56,7 +56,7 @@ class ServeSettings:
 
 
 def dask_task_runner(workers: int, dask_address: str | None) -> TaskRunner[Any]:
-    from prefect_dask import DaskTaskRunner
+    from prefect_dask.task_runners import DaskTaskRunner
 
     if dask_address:
         return DaskTaskRunner(address=dask_address)
@@ -162,7 +162,8 @@ def build_deployments(settings: ServeSettings) -> list[RunnerDeployment]:
                 **common,
             )
         )
-    return deployments
+    # sync calls: Prefect's async-or-sync signature says both
+    return cast(list[RunnerDeployment], deployments)
 
 
 def serve(settings: ServeSettings, *, limit: int | None = 1) -> None:
