@@ -164,6 +164,11 @@ def run_seed(seed: int, args: argparse.Namespace, work_dir: Path) -> dict[str, f
             workers=args.workers,
         )
         evaluations[name] = evaluation
+    print(
+        f"  seed {seed} held-out pass: untrained {pass_rate(evaluations['untrained']):.3f}, "
+        f"trained {pass_rate(evaluations['trained']):.3f}",
+        flush=True,
+    )
     return {
         "first": rewards[0],
         "last3": statistics.fmean(rewards[-3:]),
