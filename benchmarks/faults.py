@@ -122,7 +122,10 @@ def main() -> int:
     if iterations < 1:
         parser.error(f"--episodes must be at least {TASKS_PER_ITERATION * GROUP_SIZE}")
     if not (workdir / "tasks").is_dir():
-        generate_demo_tasks(workdir / "tasks", 2 * TASKS_PER_ITERATION, seed=args.seed)
+        # Easy tasks: the fewest tests per verification, so the run measures recovery, not pytest.
+        generate_demo_tasks(
+            workdir / "tasks", 2 * TASKS_PER_ITERATION, seed=args.seed, difficulty="easy"
+        )
     started = time.monotonic()
     kills_done = 0
     rng = random.Random(args.seed)
