@@ -37,6 +37,7 @@ LINT_RULES: dict[str, tuple[Severity, str]] = {
     "unknown_hidden_checks": ("warning", "a plain Harbor task: hidden checks cannot be told apart"),
 }
 MIN_ANSWER_CHARS = 4
+MEASURE_TIMEOUT_S = 300.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -93,13 +94,16 @@ def lint_task(task_dir: str | Path, *, run_verifier: bool = True) -> LintReport:
     solution: CandidateChanges | None = None
     verify_s = None
     if run_verifier:
+        # Measured under a generous limit, so a verifier over its budget shows its real duration
+        # instead of stopping at the budget.
+        measured = dataclasses.replace(task, verify_timeout_s=max(MEASURE_TIMEOUT_S, task.verify_timeout_s))
         try:
-            solution = solution_changes(task)
+            solution = solution_changes(measured)
         except (SolutionError, SandboxError) as error:
             findings.append(_finding("solution_fails", f"solution/solve.sh: {str(error)[:200]}"))
         if solution is not None:
             started = time.monotonic()
-            solved = verify(task, solution)
+            solved = verify(measured, solution)
             verify_s = time.monotonic() - started
             if solved.reward != 1.0:
                 findings.append(_finding("solution_fails", f"reward {solved.reward} ({solved.status}: {solved.detail[:200]})"))
