@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from flows.deployments import CURATE_DEPLOYMENT, EVALUATE_DEPLOYMENT, TRAIN_DEPLOYMENT
 from flows.evaluate import EvaluateParams
 from storage import TrajectoryStore
@@ -99,3 +101,32 @@ def test_serve_runs_a_triggered_deployment_and_stops_on_sigterm(
             server.wait()
             raise AssertionError(f"serve ignored SIGTERM:\n{log.read_text()[-3000:]}") from None
     assert code == 0, log.read_text()[-3000:]
+
+
+def test_deployments_carry_their_schedules_and_parameters(tmp_path: Path) -> None:
+    from flows.deployments import ServeSettings, build_deployments
+
+    settings = ServeSettings(
+        store="store", tasks_dir="tasks", curate_cron="0 4 * * *", evaluate_interval_s=60
+    )
+    deployments = {d.name: d for d in build_deployments(settings)}
+    # no held-out tasks: nothing to evaluate on, so no evaluation deployment
+    assert set(deployments) == {CURATE_DEPLOYMENT, TRAIN_DEPLOYMENT}
+    assert deployments[CURATE_DEPLOYMENT].schedules[0].schedule.cron == "0 4 * * *"
+    assert deployments[TRAIN_DEPLOYMENT].parameters["settings"]["resume"] is True
+
+    with_eval = {
+        d.name: d
+        for d in build_deployments(dataclasses.replace(settings, eval_tasks_dir="held-out"))
+    }
+    interval = with_eval[EVALUATE_DEPLOYMENT].schedules[0].schedule.interval
+    assert interval.total_seconds() == 60
+
+
+def test_serve_refuses_a_missing_tasks_dir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from flows.cli import main
+
+    assert main(["serve", "--tasks", str(tmp_path / "missing")]) == 2
+    assert "--tasks" in capsys.readouterr().err
