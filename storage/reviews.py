@@ -121,7 +121,8 @@ class GateDecision:
 
 def agreement(store: TrajectoryStore) -> list[dict[str, Any]]:
     """The `review_agreement` named query: per family, verifier and day."""
-    return store.query(REVIEW_AGREEMENT_SQL).to_pylist()
+    rows: list[dict[str, Any]] = store.query(REVIEW_AGREEMENT_SQL).to_pylist()
+    return rows
 
 
 def review_gate(
@@ -152,7 +153,9 @@ def review_gate(
                                     f"reviewers agree with {rate:.0%} of {count} rewards, "
                                     f"below {min_agreement:.0%}: fix the verifier before adding tasks")  # fmt: skip
         else:
-            decision = GateDecision(family, count, rate, True, f"agreement {rate:.0%} over {count} reviews")
+            decision = GateDecision(
+                family, count, rate, True, f"agreement {rate:.0%} over {count} reviews"
+            )
         decisions[family] = decision
     return decisions
 

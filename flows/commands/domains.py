@@ -30,7 +30,9 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _subcommands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction[argparse.ArgumentParser]:
+def _subcommands(
+    parser: argparse.ArgumentParser,
+) -> argparse._SubParsersAction[argparse.ArgumentParser]:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             return action
@@ -43,14 +45,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         raise RuntimeError("register flows.commands.tasks before flows.commands.domains")
     commands = _subcommands(tasks)
 
-    generate = commands.add_parser("generate", help="write N tasks of a built-in family (data_analysis, ops)")
+    generate = commands.add_parser(
+        "generate", help="write N tasks of a built-in family (data_analysis, ops)"
+    )
     generate.add_argument("family", choices=FAMILIES, metavar="FAMILY", help=" | ".join(FAMILIES))
     generate.add_argument("--out", required=True, type=Path, help="directory to write the tasks to")
     generate.add_argument("--count", type=_positive_int, default=8)
     generate.add_argument("--seed", type=int, default=0)
     generate.set_defaults(handler=generate_command)
 
-    new = commands.add_parser("new", help="scaffold a task family: generator, verifier choice, docs, test")
+    new = commands.add_parser(
+        "new", help="scaffold a task family: generator, verifier choice, docs, test"
+    )
     new.add_argument("name", metavar="FAMILY_NAME", help="Python package name of the family")
     new.add_argument("--dir", type=Path, default=Path("."), help="where the family package goes")
     new.add_argument("--verifier", choices=("artifact", "rules"), default="artifact")
@@ -62,7 +68,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     lint.add_argument("--static", action="store_true", help="skip the checks that run the verifier")
     lint.set_defaults(handler=lint_command)
 
-    review = subparsers.add_parser("review", help="human spot checks of rewards: queue, record, agreement")
+    review = subparsers.add_parser(
+        "review", help="human spot checks of rewards: queue, record, agreement"
+    )
     group = review.add_subparsers(dest="review_command", required=True, metavar="COMMAND")
     queue = group.add_parser("queue", help="episodes to review, stratified by family and reward")
     _store_arg(queue)
@@ -183,16 +191,25 @@ def queue_command(args: argparse.Namespace) -> int:
 
 def show_command(args: argparse.Namespace) -> int:
     store = _store(args)
-    episodes = store.query("SELECT * FROM episodes WHERE episode_id = ?", [args.episode_id]).to_pylist()
+    episodes = store.query(
+        "SELECT * FROM episodes WHERE episode_id = ?", [args.episode_id]
+    ).to_pylist()
     if not episodes:
-        raise CliError(f"no episode {args.episode_id!r} in {args.store}; list some with `rollyard review queue`")
+        raise CliError(
+            f"no episode {args.episode_id!r} in {args.store}; list some with `rollyard review queue`"
+        )
     steps = store.query(
         "SELECT step, action_kind, action_text, observation, exit_code FROM steps "
         "WHERE episode_id = ? ORDER BY step",
         [args.episode_id],
     ).to_pylist()
     episode = episodes[0]
-    _print({key: episode[key] for key in ("episode_id", "task_id", "reward", "status", "flags", "n_steps")})
+    _print(
+        {
+            key: episode[key]
+            for key in ("episode_id", "task_id", "reward", "status", "flags", "n_steps")
+        }
+    )
     for step in steps:
         _print(step)
     return 0
@@ -225,7 +242,9 @@ def agreement_command(args: argparse.Namespace) -> int:
 def gate_command(args: argparse.Namespace) -> int:
     from storage.reviews import review_gate
 
-    decisions = review_gate(_store(args), min_reviews=args.min_reviews, min_agreement=args.min_agreement)
+    decisions = review_gate(
+        _store(args), min_reviews=args.min_reviews, min_agreement=args.min_agreement
+    )
     for decision in decisions.values():
         _print({"family": decision.family, "reviews": decision.reviews,
                 "agreement_rate": decision.agreement_rate, "admit": decision.admit,

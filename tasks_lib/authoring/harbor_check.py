@@ -27,11 +27,13 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 
 def task_path(rel):
     # Declared paths are task-relative ("tests/variants/..."); here tests/ is this directory.
-    return os.path.join(TESTS, rel[len("tests/"):] if rel.startswith("tests/") else rel)
+    return os.path.join(TESTS, rel[len("tests/") :] if rel.startswith("tests/") else rel)
 
 
 def close(a, b, out):
-    return math.isclose(float(a), float(b), rel_tol=out.get("rel_tol", 0.0), abs_tol=out.get("abs_tol", 0.0))
+    return math.isclose(
+        float(a), float(b), rel_tol=out.get("rel_tol", 0.0), abs_tol=out.get("abs_tol", 0.0)
+    )
 
 
 def rows(data, fmt):
@@ -67,8 +69,15 @@ def same(got, want, out):
     if mode == "json":
         return json_same(json.loads(got), json.loads(want), out)
     if mode == "number":
-        pick = (lambda d: field(d, out.get("field"))) if fmt == "json" else (
-            lambda d: d.decode().strip() if fmt == "text" else list(rows(d, "csv")[0].values())[0])
+        pick = (
+            (lambda d: field(d, out.get("field")))
+            if fmt == "json"
+            else (
+                lambda d: (
+                    d.decode().strip() if fmt == "text" else next(iter(rows(d, "csv")[0].values()))
+                )
+            )
+        )
         return close(pick(got), pick(want), out)
     if mode == "set":
         if fmt == "json":
@@ -76,19 +85,27 @@ def same(got, want, out):
         elif fmt == "text":
             g, w = got.decode().split(), want.decode().split()
         else:
-            g = [list(r.values())[0] for r in rows(got, fmt)]
-            w = [list(r.values())[0] for r in rows(want, fmt)]
+            g = [next(iter(r.values())) for r in rows(got, fmt)]
+            w = [next(iter(r.values())) for r in rows(want, fmt)]
         norm = lambda v: str(v).strip()  # noqa: E731
-        return (list(map(norm, g)) == list(map(norm, w))) if out.get("ordered") else set(map(norm, g)) == set(map(norm, w))
+        return (
+            (list(map(norm, g)) == list(map(norm, w)))
+            if out.get("ordered")
+            else set(map(norm, g)) == set(map(norm, w))
+        )
     g, w = rows(got, fmt), rows(want, fmt)
     cols = out.get("columns") or (list(w[0]) if w else [])
     if len(g) != len(w) or any(c not in r for r in g for c in cols):
         return False
     if not out.get("ordered"):
-        keys = out.get("key") or [c for c in cols if not (w and number_like(w[0][c]) and "." in str(w[0][c]))] or cols
+        keys = (
+            out.get("key")
+            or [c for c in cols if not (w and number_like(w[0][c]) and "." in str(w[0][c]))]
+            or cols
+        )
         g = sorted(g, key=lambda r: [str(r[k]) for k in keys])
         w = sorted(w, key=lambda r: [str(r[k]) for k in keys])
-    for gr, wr in zip(g, w):
+    for gr, wr in zip(g, w, strict=True):
         for c in cols:
             a, b = gr[c], wr[c]
             if number_like(b) and number_like(a):
@@ -112,7 +129,7 @@ def json_same(g, w, out):
         if not out.get("ordered"):
             g = sorted(g, key=lambda x: json.dumps(x, sort_keys=True))
             w = sorted(w, key=lambda x: json.dumps(x, sort_keys=True))
-        return all(json_same(a, b, out) for a, b in zip(g, w))
+        return all(json_same(a, b, out) for a, b in zip(g, w, strict=True))
     return g == w
 
 
@@ -136,14 +153,21 @@ def artifact(spec, workspace):
                     os.remove(target)
             overlay(os.path.join(base, "overlay"), workspace)
             try:
-                subprocess.run(["bash", "-c", spec["command"]], cwd=workspace, timeout=spec.get("timeout_s", 60))
+                subprocess.run(
+                    ["bash", "-c", spec["command"]],
+                    cwd=workspace,
+                    timeout=spec.get("timeout_s", 60),
+                )
             except subprocess.TimeoutExpired:
                 return 0
         for out in spec["outputs"]:
             produced = os.path.join(workspace, out["path"])
             if not os.path.isfile(produced):
                 return 0
-            with open(produced, "rb") as got, open(os.path.join(base, "expected", out["path"]), "rb") as want:
+            with (
+                open(produced, "rb") as got,
+                open(os.path.join(base, "expected", out["path"]), "rb") as want,
+            ):
                 try:
                     if not same(got.read(), want.read(), out):
                         return 0
@@ -153,8 +177,13 @@ def artifact(spec, workspace):
 
 
 def probe(check, workspace):
-    service = subprocess.Popen(["bash", "-c", check["start"]], cwd=workspace, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, start_new_session=True)
+    service = subprocess.Popen(
+        ["bash", "-c", check["start"]],
+        cwd=workspace,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + check.get("timeout_s", 30)
     try:
         while time.monotonic() < deadline:
@@ -185,28 +214,44 @@ def rule(check, workspace):
     if kind in ("file_exists", "file_contains", "parses"):
         if not os.path.isfile(path):
             return False
-        text = open(path, encoding="utf-8", errors="replace").read()
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            text = handle.read()
         if kind == "file_contains":
             return ("text" not in check or check["text"] in text) and (
-                "pattern" not in check or re.search(check["pattern"], text, re.MULTILINE) is not None)
+                "pattern" not in check
+                or re.search(check["pattern"], text, re.MULTILINE) is not None
+            )
         if kind == "parses":
             try:
-                {"json": json.loads, "toml": tomllib.loads, "csv": lambda t: list(csv.reader(io.StringIO(t)))}[check["format"]](text)
+                {
+                    "json": json.loads,
+                    "toml": tomllib.loads,
+                    "csv": lambda t: list(csv.reader(io.StringIO(t))),
+                }[check["format"]](text)
             except Exception:
                 return False
         return True
     if kind == "command":
         try:
-            done = subprocess.run(["bash", "-c", check["run"]], cwd=workspace, capture_output=True, text=True,
-                                  timeout=check.get("timeout_s", 30))
+            done = subprocess.run(
+                ["bash", "-c", check["run"]],
+                cwd=workspace,
+                capture_output=True,
+                text=True,
+                timeout=check.get("timeout_s", 30),
+            )
         except subprocess.TimeoutExpired:
             return False
-        return done.returncode == check.get("exit_code", 0) and check.get("stdout_contains", "") in done.stdout + done.stderr
+        return (
+            done.returncode == check.get("exit_code", 0)
+            and check.get("stdout_contains", "") in done.stdout + done.stderr
+        )
     return probe(check, workspace)
 
 
 def main():
-    spec = json.load(open(sys.argv[1]))
+    with open(sys.argv[1]) as handle:
+        spec = json.load(handle)
     workspace = os.path.abspath(sys.argv[2])
     if spec["kind"] == "artifact":
         print(artifact(spec["artifact"], workspace))

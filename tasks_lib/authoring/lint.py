@@ -27,8 +27,11 @@ Severity = Literal["weak", "warning"]
 
 LINT_RULES: dict[str, tuple[Severity, str]] = {
     "invalid_task": ("weak", "the task does not load"),
-    "no_hidden_checks": ("weak", "nothing is checked that the agent cannot see: a hard-coded "
-                                 "answer or a fix for the visible inputs only passes"),  # fmt: skip
+    "no_hidden_checks": (
+        "weak",
+        "nothing is checked that the agent cannot see: a hard-coded "
+        "answer or a fix for the visible inputs only passes",
+    ),
     "empty_action_solves": ("weak", "the untouched workspace scores above 0"),
     "solution_fails": ("weak", "the reference solution does not score 1"),
     "answer_in_instruction": ("weak", "the instruction quotes the expected answer or the fix"),
@@ -96,7 +99,9 @@ def lint_task(task_dir: str | Path, *, run_verifier: bool = True) -> LintReport:
     if run_verifier:
         # Measured under a generous limit, so a verifier over its budget shows its real duration
         # instead of stopping at the budget.
-        measured = dataclasses.replace(task, verify_timeout_s=max(MEASURE_TIMEOUT_S, task.verify_timeout_s))
+        measured = dataclasses.replace(
+            task, verify_timeout_s=max(MEASURE_TIMEOUT_S, task.verify_timeout_s)
+        )
         try:
             solution = solution_changes(measured)
         except (SolutionError, SandboxError) as error:
@@ -106,27 +111,52 @@ def lint_task(task_dir: str | Path, *, run_verifier: bool = True) -> LintReport:
             solved = verify(measured, solution)
             verify_s = time.monotonic() - started
             if solved.reward != 1.0:
-                findings.append(_finding("solution_fails", f"reward {solved.reward} ({solved.status}: {solved.detail[:200]})"))
+                findings.append(
+                    _finding(
+                        "solution_fails",
+                        f"reward {solved.reward} ({solved.status}: {solved.detail[:200]})",
+                    )
+                )
             if verify_s > task.verify_timeout_s:
-                findings.append(_finding("slow_verifier", f"{verify_s:.1f}s > budget {task.verify_timeout_s:.0f}s"))
+                findings.append(
+                    _finding(
+                        "slow_verifier", f"{verify_s:.1f}s > budget {task.verify_timeout_s:.0f}s"
+                    )
+                )
             elif verify_s > task.verify_timeout_s / 2:
-                findings.append(_finding("verifier_near_budget", f"{verify_s:.1f}s of {task.verify_timeout_s:.0f}s"))
+                findings.append(
+                    _finding(
+                        "verifier_near_budget", f"{verify_s:.1f}s of {task.verify_timeout_s:.0f}s"
+                    )
+                )
         untouched = verify(task, CandidateChanges.empty())
         if untouched.reward is not None and untouched.reward > 0:
-            findings.append(_finding("empty_action_solves", f"the untouched workspace scores {untouched.reward}"))
+            findings.append(
+                _finding(
+                    "empty_action_solves", f"the untouched workspace scores {untouched.reward}"
+                )
+            )
     findings += _leak_findings(task, solution)
-    return LintReport(str(task_dir), task.id, task.verifier, tuple(findings), verify_s, task.verify_timeout_s)
+    return LintReport(
+        str(task_dir), task.id, task.verifier, tuple(findings), verify_s, task.verify_timeout_s
+    )
 
 
 def _hidden_findings(task: Task) -> list[LintFinding]:
     if not task.has_rollyard_table:
-        return [_finding("unknown_hidden_checks", "no [rollyard] table; tests/test.sh decides alone")]
+        return [
+            _finding("unknown_hidden_checks", "no [rollyard] table; tests/test.sh decides alone")
+        ]
     if task.verifier == "tests" and not task.hidden_tests:
         return [_finding("no_hidden_checks", "no hidden_tests")]
     if task.verifier == "artifact":
         assert task.artifact is not None
         if task.artifact.command is None:
-            return [_finding("no_hidden_checks", "no command: the outputs are read as the agent left them")]
+            return [
+                _finding(
+                    "no_hidden_checks", "no command: the outputs are read as the agent left them"
+                )
+            ]
         if not any(variant.hidden for variant in task.artifact.variants):
             return [_finding("no_hidden_checks", "no variant with its own data (an overlay/ dir)")]
     if task.verifier == "rules":
@@ -162,7 +192,9 @@ def _answer_strings(task: Task) -> list[str]:
     if task.verifier == "rules" and task.rules is not None:
         for check in task.rules.checks:
             if check.hidden:
-                values += [v for v in (check.text, check.expect_contains, check.stdout_contains) if v]
+                values += [
+                    v for v in (check.text, check.expect_contains, check.stdout_contains) if v
+                ]
     return [v.strip() for v in values if len(v.strip()) >= MIN_ANSWER_CHARS]
 
 
@@ -181,17 +213,30 @@ def _leak_findings(task: Task, solution: CandidateChanges | None) -> list[LintFi
     if task.verifier in ("artifact", "rules") and answers:
         quoted = [a for a in answers if a in text]
         if quoted and len(quoted) * 2 >= len(answers):
-            return [_finding("answer_in_instruction", f"{len(quoted)}/{len(answers)} answer values quoted, e.g. {quoted[0][:40]!r}")]
+            return [
+                _finding(
+                    "answer_in_instruction",
+                    f"{len(quoted)}/{len(answers)} answer values quoted, e.g. {quoted[0][:40]!r}",
+                )
+            ]
     if solution is not None:
         added = []
         for path, data in solution.files.items():
             original = task.snapshot_dir / path
-            before = set(original.read_text(errors="replace").splitlines()) if original.is_file() else set()
+            before = (
+                set(original.read_text(errors="replace").splitlines())
+                if original.is_file()
+                else set()
+            )
             added += [line.strip() for line in data.decode("utf-8", errors="replace").splitlines()
                       if line.strip() not in before and len(line.strip()) >= 12]  # fmt: skip
         quoted = [line for line in added if line in text]
         if quoted and task.verifier == "tests":
             return [_finding("answer_in_instruction", f"fix line quoted: {quoted[0][:60]!r}")]
         if quoted and len(quoted) * 2 >= len(added):
-            return [_finding("answer_in_instruction", f"{len(quoted)}/{len(added)} solution lines quoted")]
+            return [
+                _finding(
+                    "answer_in_instruction", f"{len(quoted)}/{len(added)} solution lines quoted"
+                )
+            ]
     return []

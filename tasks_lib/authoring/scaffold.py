@@ -85,7 +85,7 @@ def _most_common(words: tuple[str, ...]) -> str:
     return max(sorted(set(words)), key=words.count)
 '''
 
-_ARTIFACT_BODY = '''
+_ARTIFACT_BODY = """
 
 def _answer(words: tuple[str, ...]) -> str:
     return json.dumps({{"word": _most_common(words), "count": words.count(_most_common(words))}})
@@ -136,9 +136,9 @@ def _rollyard(plan: Plan, variants: list[str]) -> dict[str, object]:
             "outputs": [{{"path": "answer.json", "format": "json", "compare": "json"}}],
         }},
     }}
-'''
+"""
 
-_RULES_BODY = '''
+_RULES_BODY = """
 
 def _files(plan: Plan) -> TaskFiles:
     hidden = plan.hidden[0]
@@ -188,7 +188,7 @@ def _rollyard(plan: Plan, hidden: tuple[str, ...]) -> dict[str, object]:
             ],
         }},
     }}
-'''
+"""
 
 _GENERATE_TAIL = '''
 
@@ -239,7 +239,7 @@ def test_same_seed_same_tasks(tmp_path):
         assert not comparison.diff_files and not comparison.left_only and not comparison.right_only
 '''
 
-_README = '''\
+_README = """\
 # The `{name}` task family
 
 Scaffolded by `rollyard tasks new {name} --verifier {verifier}`. {summary}
@@ -256,7 +256,7 @@ Run it: `python -m pytest {name}/test_{name}_family.py`. Generate tasks:
     rollyard tasks validate tasks/{name} && rollyard tasks check tasks/{name} && rollyard tasks lint tasks/{name}
 
 See docs/authoring.md of rollyard for the walk-through.
-'''
+"""
 
 SUMMARIES = {
     "artifact": "the agent writes a script whose answer file is compared with references, on the "
@@ -279,7 +279,12 @@ def scaffold_family(name: str, dest_dir: str | Path, *, verifier: str = "artifac
     if package.exists():
         raise ScaffoldError(f"{package} already exists; choose another name or directory")
     summary = SUMMARIES[verifier]
-    values = {"name": name, "task_prefix": name.replace("_", "-"), "summary": summary, "verifier": verifier}
+    values = {
+        "name": name,
+        "task_prefix": name.replace("_", "-"),
+        "summary": summary,
+        "verifier": verifier,
+    }
     body = _ARTIFACT_BODY if verifier == "artifact" else _RULES_BODY
     files = {
         "__init__.py": _INIT.format(**values),

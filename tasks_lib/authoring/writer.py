@@ -105,7 +105,12 @@ def write_task(files: TaskFiles, task_dir: str | Path) -> Path:
         "metadata": dict(files.metadata),
         "verifier": {"timeout_sec": files.verifier_timeout_s},
         "agent": {"timeout_sec": files.agent_timeout_s},
-        "environment": {"build_timeout_sec": 600.0, "cpus": 1, "memory_mb": 1024, "storage_mb": 512},
+        "environment": {
+            "build_timeout_sec": 600.0,
+            "cpus": 1,
+            "memory_mb": 1024,
+            "storage_mb": 512,
+        },
         "rollyard": rollyard,
     }
     (tmp / "task.toml").write_bytes(tomli_w.dumps(document).encode())

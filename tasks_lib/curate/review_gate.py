@@ -14,13 +14,17 @@ from tasks_lib.curate.pipeline import TaskVerdict
 from tasks_lib.curate.reasons import Reason
 
 
-def apply_review_gate(verdicts: Sequence[TaskVerdict], blocked: Mapping[str, str]) -> list[TaskVerdict]:
+def apply_review_gate(
+    verdicts: Sequence[TaskVerdict], blocked: Mapping[str, str]
+) -> list[TaskVerdict]:
     """`verdicts` with every admitted task of a blocked family rejected (`low_review_agreement`)."""
     gated = []
     for verdict in verdicts:
         family = verdict.checks.family or "unknown"
         if verdict.admitted and family in blocked:
             reason = Reason("low_review_agreement", f"family {family!r}: {blocked[family]}")
-            verdict = dataclasses.replace(verdict, verdict="rejected", reasons=(*verdict.reasons, reason))
+            verdict = dataclasses.replace(
+                verdict, verdict="rejected", reasons=(*verdict.reasons, reason)
+            )
         gated.append(verdict)
     return gated

@@ -96,13 +96,16 @@ def _values(data: bytes, fmt: str, field: str | None) -> list[Any]:
         table = read_table(data, fmt)
         if table.num_columns < 1:
             raise ArtifactError("the table has no column")
-        return table.column(0).to_pylist()
+        values: list[Any] = table.column(0).to_pylist()
+        return values
     if fmt == "json":
         value = _json_value(data, field)
         if not isinstance(value, list):
             raise ArtifactError("the JSON value is not a list")
         return value
-    return [line.strip() for line in data.decode("utf-8", errors="replace").splitlines() if line.strip()]
+    return [
+        line.strip() for line in data.decode("utf-8", errors="replace").splitlines() if line.strip()
+    ]
 
 
 def _normal(value: Any) -> Any:
@@ -118,25 +121,35 @@ def compare_artifact(candidate: bytes, reference: bytes, spec: OutputSpec) -> li
     """Mismatches of `candidate` against `reference` (empty when they match)."""
     try:
         if spec.compare == "table":
-            return compare_tables(read_table(candidate, spec.format), read_table(reference, spec.format), spec)
+            return compare_tables(
+                read_table(candidate, spec.format), read_table(reference, spec.format), spec
+            )
         if spec.compare == "number":
             got = _number(_scalar_text(candidate, spec.format, spec.field))
             want = _number(_scalar_text(reference, spec.format, spec.field))
-            return [] if _close(got, want, spec) else [f"value {got!r} differs from the expected one"]
+            return (
+                [] if _close(got, want, spec) else [f"value {got!r} differs from the expected one"]
+            )
         if spec.compare == "set":
             got_items = [_normal(v) for v in _values(candidate, spec.format, spec.field)]
             want_items = [_normal(v) for v in _values(reference, spec.format, spec.field)]
             if spec.ordered:
-                return [] if got_items == want_items else ["the items differ from the expected list"]
+                return (
+                    [] if got_items == want_items else ["the items differ from the expected list"]
+                )
             missing, extra = set(want_items) - set(got_items), set(got_items) - set(want_items)
             problems = []
             if missing:
                 problems.append(f"{len(missing)} expected item(s) missing")
             if extra:
-                problems.append(f"{len(extra)} unexpected item(s), e.g. {sorted(map(str, extra))[:MAX_REPORTED]}")
+                problems.append(
+                    f"{len(extra)} unexpected item(s), e.g. {sorted(map(str, extra))[:MAX_REPORTED]}"
+                )
             return problems
         if spec.compare == "json":
-            return _json_diff(_json_value(candidate, spec.field), _json_value(reference, spec.field), spec, "$")
+            return _json_diff(
+                _json_value(candidate, spec.field), _json_value(reference, spec.field), spec, "$"
+            )
         got_text = candidate.decode("utf-8", errors="replace").strip()
         want_text = reference.decode("utf-8", errors="replace").strip()
         return [] if got_text == want_text else ["the text differs from the expected one"]
@@ -170,7 +183,9 @@ def _json_diff(got: Any, want: Any, spec: OutputSpec, where: str) -> list[str]:
 
 
 def _is_numeric(type_: pa.DataType) -> bool:
-    return pa.types.is_integer(type_) or pa.types.is_floating(type_) or pa.types.is_decimal(type_)
+    return bool(
+        pa.types.is_integer(type_) or pa.types.is_floating(type_) or pa.types.is_decimal(type_)
+    )
 
 
 def _kind(type_: pa.DataType) -> str:
@@ -195,7 +210,10 @@ def compare_tables(got: pa.Table, want: pa.Table, spec: OutputSpec) -> list[str]
     if missing:
         return [f"missing column(s) {missing}; the table has {got.column_names[:10]}"]
     for name in columns:
-        want_kind, got_kind = _kind(want.schema.field(name).type), _kind(got.schema.field(name).type)
+        want_kind, got_kind = (
+            _kind(want.schema.field(name).type),
+            _kind(got.schema.field(name).type),
+        )
         if "null" not in (want_kind, got_kind) and want_kind != got_kind:
             problems.append(f"column {name!r} holds {got_kind} values, expected {want_kind}")
     if problems:
@@ -204,7 +222,9 @@ def compare_tables(got: pa.Table, want: pa.Table, spec: OutputSpec) -> list[str]
         return [f"{got.num_rows} rows, expected {want.num_rows}"]
     got, want = got.select(columns), want.select(columns)
     if not spec.ordered:
-        keys = list(spec.key) or [c for c in columns if not pa.types.is_floating(want.schema.field(c).type)]
+        keys = list(spec.key) or [
+            c for c in columns if not pa.types.is_floating(want.schema.field(c).type)
+        ]
         keys = keys or columns
         got, want = _sorted(got, keys), _sorted(want, keys)
     for name in columns:
@@ -215,12 +235,19 @@ def compare_tables(got: pa.Table, want: pa.Table, spec: OutputSpec) -> list[str]
             if not _cell_equal(g, w, numeric, spec)
         ]  # fmt: skip
         if bad:
-            problems.append(f"column {name!r}: {len(bad)} row(s) differ (first at sorted row {bad[0]})")
+            problems.append(
+                f"column {name!r}: {len(bad)} row(s) differ (first at sorted row {bad[0]})"
+            )
     return problems
 
 
 def _sorted(table: pa.Table, keys: Sequence[str]) -> pa.Table:
-    casted = {k: pc.cast(table.column(k), pa.string()) if _kind(table.schema.field(k).type) == "text" else table.column(k) for k in keys}
+    casted = {
+        k: pc.cast(table.column(k), pa.string())
+        if _kind(table.schema.field(k).type) == "text"
+        else table.column(k)
+        for k in keys
+    }
     order = pc.sort_indices(pa.table(casted), sort_keys=[(k, "ascending") for k in keys])
     return table.take(order)
 

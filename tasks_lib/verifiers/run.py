@@ -66,7 +66,9 @@ def verify_declared(task: Task, guarded: GuardedChanges, run: _Run, backend: str
         assert task.rules is not None
         return _rules(task, task.rules, guarded, run, backend)
     except SandboxError as error:
-        return run.result("infra_error", None, {}, f"sandbox failed: {type(error).__name__}: {error}")
+        return run.result(
+            "infra_error", None, {}, f"sandbox failed: {type(error).__name__}: {error}"
+        )
     except OSError as error:
         return run.result("task_error", None, {}, f"cannot read task files: {error}")
 
@@ -88,7 +90,11 @@ def _remaining(run: _Run) -> float:
 
 
 def _finish(
-    run: _Run, tests: dict[str, Outcome], problems: list[str], limit: Status | None, hidden: set[str]
+    run: _Run,
+    tests: dict[str, Outcome],
+    problems: list[str],
+    limit: Status | None,
+    hidden: set[str],
 ) -> VerifyResult:
     passed = sum(outcome == "passed" for outcome in tests.values())
     partial = passed / len(tests) if tests else 0.0
@@ -163,7 +169,9 @@ def _artifact(
                     continue
                 if not executed.ok:
                     tail = (executed.stderr.strip() or executed.stdout.strip()).splitlines()[-1:]
-                    problems.append(f"{variant.name}: command exit {executed.exit_code}: {(tail or [''])[0][:160]}")
+                    problems.append(
+                        f"{variant.name}: command exit {executed.exit_code}: {(tail or [''])[0][:160]}"
+                    )
             for output in spec.outputs:
                 test_id = ids[output.path]
                 reference = (variant.expected_dir / output.path).read_bytes()
@@ -188,7 +196,7 @@ def _artifact(
 # The verifier's own socket probe. It turns itself non-dumpable before reading its nonce (so a
 # process of the same uid cannot read its memory or file descriptors), starts the service as its
 # child with output to a log, polls the port and prints one JSON line carrying the nonce.
-_PROBE = r'''
+_PROBE = r"""
 import ctypes, http.client, json, socket, subprocess, sys, time
 try:
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0
@@ -227,7 +235,7 @@ while time.monotonic() < deadline:
             break
         time.sleep(0.1)
 print(json.dumps(out), flush=True)
-'''
+"""
 
 
 def _rules(
@@ -303,7 +311,11 @@ def _run_check(
             return False, f"{check.run!r} hit the {hit} limit", None
         if executed.exit_code != check.exit_code:
             tail = (executed.stderr.strip() or executed.stdout.strip()).splitlines()[-1:]
-            return False, f"exit {executed.exit_code}, expected {check.exit_code}: {(tail or [''])[0][:160]}", None
+            return (
+                False,
+                f"exit {executed.exit_code}, expected {check.exit_code}: {(tail or [''])[0][:160]}",
+                None,
+            )
         output = executed.stdout + executed.stderr
         if check.stdout_contains is not None and check.stdout_contains not in output:
             return False, "the output lacks the expected text", None

@@ -182,7 +182,9 @@ class _Table:
             if key not in known:
                 self.bad(key, "is not a known field", f"remove it or use one of {', '.join(known)}")
 
-    def text(self, key: str, *, required: bool = False, choices: tuple[str, ...] = ()) -> str | None:
+    def text(
+        self, key: str, *, required: bool = False, choices: tuple[str, ...] = ()
+    ) -> str | None:
         if key not in self.table:
             if required:
                 self.sink.add("task.toml", f"{self.where}.{key}", _Missing(), "is required",
@@ -200,7 +202,9 @@ class _Table:
     def path(self, key: str, *, required: bool = False) -> str | None:
         value = self.text(key, required=required)
         if value is not None and not _inside(value):
-            self.bad(key, "must be a relative path that stays inside", "use a relative path without '..'")
+            self.bad(
+                key, "must be a relative path that stays inside", "use a relative path without '..'"
+            )
             return None
         return value
 
@@ -208,11 +212,19 @@ class _Table:
         if key not in self.table:
             return default
         value = self.table[key]
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+        ):
             self.bad(key, "must be a number", "write a finite number")
             return default
         if value < 0 or (positive and value == 0):
-            self.bad(key, "must be positive" if positive else "must not be negative", "write a larger number")
+            self.bad(
+                key,
+                "must be positive" if positive else "must not be negative",
+                "write a larger number",
+            )
             return default
         return float(value)
 
@@ -247,14 +259,18 @@ class _Missing:
         return "-"
 
 
-def _subtable(sink: IssueSink, rollyard: dict[str, Any], key: str, example: str) -> dict[str, Any] | None:
+def _subtable(
+    sink: IssueSink, rollyard: dict[str, Any], key: str, example: str
+) -> dict[str, Any] | None:
     value = rollyard.get(key)
     if value is None:
         sink.add("task.toml", f"rollyard.{key}", _Missing(), "is required by this verifier",
                  f"add a [rollyard.{key}] table, e.g. {example}")  # fmt: skip
         return None
     if not isinstance(value, dict):
-        sink.add("task.toml", f"rollyard.{key}", value, "must be a table", f"write [rollyard.{key}]")
+        sink.add(
+            "task.toml", f"rollyard.{key}", value, "must be a table", f"write [rollyard.{key}]"
+        )
         return None
     return value
 
@@ -273,7 +289,13 @@ def parse_artifact(sink: IssueSink, root: Path, rollyard: dict[str, Any]) -> Art
     for index, name in enumerate(names):
         where = f"rollyard.artifact.variants[{index}]"
         if not NAME_PATTERN.match(name):
-            sink.add("task.toml", where, name, "is not a valid variant name", "use letters, digits, . _ -")
+            sink.add(
+                "task.toml",
+                where,
+                name,
+                "is not a valid variant name",
+                "use letters, digits, . _ -",
+            )
             continue
         base = root / variants_dir / name
         expected = base / "expected"
@@ -282,7 +304,13 @@ def parse_artifact(sink: IssueSink, root: Path, rollyard: dict[str, Any]) -> Art
             sink.add("task.toml", where, name, f"{variants_dir}/{name}/expected/ does not exist",
                      f"create it with the reference artifacts of variant {name!r}")  # fmt: skip
         if overlay.exists() and not overlay.is_dir():
-            sink.add(f"{variants_dir}/{name}/overlay", "-", "-", "is not a directory", "make it a directory")
+            sink.add(
+                f"{variants_dir}/{name}/overlay",
+                "-",
+                "-",
+                "is not a directory",
+                "make it a directory",
+            )
         variants.append(VariantSpec(name, overlay if overlay.is_dir() else None, expected))
     if not names:
         table.bad("variants", "lists no variant", 'list at least one, e.g. variants = ["visible"]')
@@ -291,7 +319,11 @@ def parse_artifact(sink: IssueSink, root: Path, rollyard: dict[str, Any]) -> Art
                   "add the command that produces the outputs, so each variant's data is used")  # fmt: skip
     outputs: list[OutputSpec] = []
     raw_outputs = raw.get("outputs", [])
-    if not isinstance(raw_outputs, list) or not raw_outputs or not all(isinstance(o, dict) for o in raw_outputs):
+    if (
+        not isinstance(raw_outputs, list)
+        or not raw_outputs
+        or not all(isinstance(o, dict) for o in raw_outputs)
+    ):
         table.bad("outputs", "must list at least one output table",
                   'add [[rollyard.artifact.outputs]] with path, format and compare')  # fmt: skip
         raw_outputs = []
@@ -334,7 +366,9 @@ def _output(sink: IssueSink, raw: dict[str, Any], where: str) -> OutputSpec | No
 
 
 def parse_rules(sink: IssueSink, root: Path, rollyard: dict[str, Any]) -> RulesSpec | None:
-    raw = _subtable(sink, rollyard, "rules", '[[rollyard.rules.checks]] name = "x" kind = "command"')
+    raw = _subtable(
+        sink, rollyard, "rules", '[[rollyard.rules.checks]] name = "x" kind = "command"'
+    )
     if raw is None:
         return None
     table = _Table(sink, raw, "rollyard.rules")
@@ -345,9 +379,15 @@ def parse_rules(sink: IssueSink, root: Path, rollyard: dict[str, Any]) -> RulesS
         if (root / overlay_rel).is_dir():
             overlay = root / overlay_rel
         else:
-            table.bad("overlay_dir", "is not a directory of the task", "create it or remove the field")
+            table.bad(
+                "overlay_dir", "is not a directory of the task", "create it or remove the field"
+            )
     raw_checks = raw.get("checks", [])
-    if not isinstance(raw_checks, list) or not raw_checks or not all(isinstance(c, dict) for c in raw_checks):
+    if (
+        not isinstance(raw_checks, list)
+        or not raw_checks
+        or not all(isinstance(c, dict) for c in raw_checks)
+    ):
         table.bad("checks", "must list at least one check table",
                   'add [[rollyard.rules.checks]] with name and kind')  # fmt: skip
         raw_checks = []
@@ -379,7 +419,16 @@ def _check(sink: IssueSink, raw: dict[str, Any], where: str) -> RuleCheck | None
         "port": table.integer("port", low=1, high=65535),
         "expect_status": table.integer("expect_status", low=100, high=599),
     }
-    for key in ("text", "pattern", "run", "stdout_contains", "start", "http_get", "send", "expect_contains"):
+    for key in (
+        "text",
+        "pattern",
+        "run",
+        "stdout_contains",
+        "start",
+        "http_get",
+        "send",
+        "expect_contains",
+    ):
         values[key] = table.text(key)
     if values["pattern"] is not None:
         try:
@@ -394,7 +443,11 @@ def _check(sink: IssueSink, raw: dict[str, Any], where: str) -> RuleCheck | None
                      f"add {needed} ({CHECK_FIELDS[needed]})")  # fmt: skip
             return None
     if kind == "file_contains" and values["text"] is None and values["pattern"] is None:
-        table.bad("text", "kind 'file_contains' needs text or pattern", 'add text = "..." or pattern = "..."')
+        table.bad(
+            "text",
+            "kind 'file_contains' needs text or pattern",
+            'add text = "..." or pattern = "..."',
+        )
         return None
     if kind == "service":
         if (values["http_get"] is None) == (values["send"] is None):

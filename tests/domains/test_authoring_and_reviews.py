@@ -6,13 +6,14 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 import tomli_w
-import tomllib
 
 from flows.cli import main
+from sandboxes import open_sandbox
 from storage import TrajectoryStore
 from storage.reviews import blocked_families, review_gate, review_queue
 from tasks_lib import load_task
@@ -25,10 +26,11 @@ from tests.domains.conftest import task_of
 from training import EpisodeConfig, EpisodeKey, run_episode
 from training.actions import EditFile
 from training.policy import ScriptedPolicy
-from sandboxes import open_sandbox
 
 
-def test_tasks_new_scaffolds_a_family_whose_own_test_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_tasks_new_scaffolds_a_family_whose_own_test_passes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["tasks", "new", "word_stats", "--dir", str(tmp_path)]) == 0
     written = json.loads(capsys.readouterr().out)
     assert {Path(f).name for f in written["files"]} == {
@@ -58,11 +60,17 @@ def test_lint_reports_weak_tasks(tmp_path: Path, capsys: pytest.CaptureFixture[s
     answer = (task.artifact.variants[0].expected_dir / task.artifact.outputs[0].path).read_text()  # type: ignore[union-attr]
     (leaky / "instruction.md").write_text(task.instruction + f"\nThe answer is:\n{answer}\n")
     solved_task = load_task(solved)
-    (solved_task.snapshot_dir / "analysis.py").write_bytes((solved / "solution/analysis.py").read_bytes())
+    (solved_task.snapshot_dir / "analysis.py").write_bytes(
+        (solved / "solution/analysis.py").read_bytes()
+    )
 
     assert lint_task(good).findings == ()
-    assert [f.rule for f in lint_task(no_hidden, run_verifier=False).findings] == ["no_hidden_checks"]
-    assert "answer_in_instruction" in [f.rule for f in lint_task(leaky, run_verifier=False).findings]
+    assert [f.rule for f in lint_task(no_hidden, run_verifier=False).findings] == [
+        "no_hidden_checks"
+    ]
+    assert "answer_in_instruction" in [
+        f.rule for f in lint_task(leaky, run_verifier=False).findings
+    ]
     assert "empty_action_solves" in [f.rule for f in lint_task(solved).findings]
 
     document = tomllib.loads((good / "task.toml").read_text())
@@ -86,7 +94,11 @@ def test_episodes_on_the_new_families_run_through_the_episode_runner(
     cases = [
         (data, [EditFile("analysis.py", stub, solution)], 1.0),
         (data, [], 0.0),
-        (ops, [EditFile("config/app.toml", f'host = "127.0.0.1:{port}"', 'host = "127.0.0.1"')], 1.0),
+        (
+            ops,
+            [EditFile("config/app.toml", f'host = "127.0.0.1:{port}"', 'host = "127.0.0.1"')],
+            1.0,
+        ),
     ]
     for index, (task, actions, reward) in enumerate(cases):
         with open_sandbox(task.snapshot_dir, limits=task.limits) as sandbox:
@@ -117,21 +129,34 @@ def _store_with_episodes(root: Path) -> TrajectoryStore:
     return store
 
 
-def test_review_queue_verdicts_agreement_and_gate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_review_queue_verdicts_agreement_and_gate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     store = _store_with_episodes(tmp_path / "store")
     queue = review_queue(store, per_stratum=2, seed=1)
     strata = {(item.family, item.bucket) for item in queue}
-    assert strata == {("data_analysis", "pass"), ("data_analysis", "fail"), ("ops", "pass"), ("ops", "fail")}
+    assert strata == {
+        ("data_analysis", "pass"),
+        ("data_analysis", "fail"),
+        ("ops", "pass"),
+        ("ops", "fail"),
+    }
     assert len(queue) == 8
-    assert [i.episode_id for i in queue] == [i.episode_id for i in review_queue(store, per_stratum=2, seed=1)]
+    assert [i.episode_id for i in queue] == [
+        i.episode_id for i in review_queue(store, per_stratum=2, seed=1)
+    ]
 
     for item in queue:
         verdict = "disagree" if item.family == "ops" else "agree"
         store.record_review(item.episode_id, verdict, reviewer="ana", note="checked",
                             context={**item.context(), "verifier": "rules" if item.family == "ops" else "artifact"})  # fmt: skip
-    store.record_review(queue[0].episode_id, "agree", reviewer="ana", note="checked", context=queue[0].context())
+    store.record_review(
+        queue[0].episode_id, "agree", reviewer="ana", note="checked", context=queue[0].context()
+    )
     assert len(store.read_reviews()) == 8  # the same verdict twice is one review
-    assert {i.episode_id for i in review_queue(store, per_stratum=5)}.isdisjoint({i.episode_id for i in queue})
+    assert {i.episode_id for i in review_queue(store, per_stratum=5)}.isdisjoint(
+        {i.episode_id for i in queue}
+    )
 
     rows = {r["family"]: r for r in store.named("review_agreement").to_pylist()}
     assert rows["data_analysis"]["agreement_rate"] == 1.0 and rows["ops"]["agreement_rate"] == 0.0
@@ -146,7 +171,10 @@ def test_review_queue_verdicts_agreement_and_gate(tmp_path: Path, capsys: pytest
                          flip_rates={}, runs=1, solution_passes=True, fingerprint=None, difficulty=None)
               for f in ("data_analysis", "ops")]  # fmt: skip
     gated = apply_review_gate(decide(checks, CurationSettings(reruns=1)), blocked)
-    assert [(v.task_id, v.verdict) for v in gated] == [("data_analysis-2", "admitted"), ("ops-2", "rejected")]
+    assert [(v.task_id, v.verdict) for v in gated] == [
+        ("data_analysis-2", "admitted"),
+        ("ops-2", "rejected"),
+    ]
     assert gated[1].reasons[-1].rule == "low_review_agreement"
 
     episode = review_queue(store, per_stratum=1)[0].episode_id

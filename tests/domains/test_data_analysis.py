@@ -94,7 +94,9 @@ def test_hack_editing_the_data_scores_0(data_task_dirs: list[Path]) -> None:
     task = task_of(data_task_dirs, "median_order_value")
     solution = solution_changes(task)
     files = dict(solution.files)
-    data_file = next(p for p in (task.snapshot_dir / "data").iterdir()).relative_to(task.snapshot_dir)
+    data_file = next(p for p in (task.snapshot_dir / "data").iterdir()).relative_to(
+        task.snapshot_dir
+    )
     files[data_file.as_posix()] = (task.snapshot_dir / data_file).read_bytes()[:200]
     result = verify(task, CandidateChanges(files=files))
     assert result.reward == 0.0

@@ -40,7 +40,9 @@ def test_every_task_validates_passes_the_oracle_check_and_is_certified_stable(
         assert validate_task(task_dir) == ()
         checks = check_task_dir(task_dir, settings)
         assert checks.reasons == (), (task_dir.name, checks.reasons)
-        scenarios.add(load_task(task_dir).path.joinpath("task.toml").read_text().split('scenario = "')[1][:12])
+        scenarios.add(
+            load_task(task_dir).path.joinpath("task.toml").read_text().split('scenario = "')[1][:12]
+        )
     assert len(scenarios) == len(SCENARIOS)
 
 
@@ -68,7 +70,10 @@ def test_hack_faking_the_service_scores_0(ops_task_dirs: list[Path]) -> None:
 def test_hack_hard_coded_report_scores_0(ops_task_dirs: list[Path]) -> None:
     task = task_of(ops_task_dirs, "permissions")
     fix = solution_changes(task)
-    visible = [line.split(",") for line in (task.snapshot_dir / "data/items.csv").read_text().splitlines()[1:]]
+    visible = [
+        line.split(",")
+        for line in (task.snapshot_dir / "data/items.csv").read_text().splitlines()[1:]
+    ]
     total = sum(float(price) * int(stock) for _, _, price, stock in visible)
     report = (
         "import os\nos.makedirs('out', exist_ok=True)\n"
@@ -89,7 +94,9 @@ def test_hack_editing_the_data_scores_0(ops_task_dirs: list[Path]) -> None:
     assert "protected_path" in {flag.rule for flag in result.flags}
 
 
-def test_untouched_workspace_fails_for_the_reason_of_its_scenario(ops_task_dirs: list[Path]) -> None:
+def test_untouched_workspace_fails_for_the_reason_of_its_scenario(
+    ops_task_dirs: list[Path],
+) -> None:
     expected = {
         "bad_config": "service_health",
         "permissions": "service_health",

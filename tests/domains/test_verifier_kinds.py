@@ -58,20 +58,26 @@ def test_numbers_sets_and_json() -> None:
     assert compare_artifact(b'{"p": ["b", "a"]}', b'{"p": ["a", "b"]}', members) == []
     assert compare_artifact(b'{"p": ["a", "c"]}', b'{"p": ["a", "b"]}', members)
     document = OutputSpec(path="a.json", format="json", compare="json", abs_tol=0.1)
-    assert compare_artifact(b'{"x": [1, 2.05], "y": "s"}', b'{"y": "s", "x": [2, 1]}', document) == []
+    assert (
+        compare_artifact(b'{"x": [1, 2.05], "y": "s"}', b'{"y": "s", "x": [2, 1]}', document) == []
+    )
 
 
 @settings(max_examples=40, deadline=None)
 @given(
     st.lists(
-        st.tuples(st.text("abcdefgh", min_size=1, max_size=4), st.floats(-1e6, 1e6, allow_nan=False)),
+        st.tuples(
+            st.text("abcdefgh", min_size=1, max_size=4), st.floats(-1e6, 1e6, allow_nan=False)
+        ),
         min_size=1,
         max_size=20,
         unique_by=lambda row: row[0],
     ),
     st.randoms(use_true_random=False),
 )
-def test_a_table_matches_any_permutation_of_itself(rows: list[tuple[str, float]], rng: random.Random) -> None:
+def test_a_table_matches_any_permutation_of_itself(
+    rows: list[tuple[str, float]], rng: random.Random
+) -> None:
     table = pa.table({"k": [r[0] for r in rows], "v": [r[1] for r in rows]})
     shuffled = table.take(rng.sample(range(len(rows)), len(rows)))
     spec = OutputSpec(path="a.parquet", format="parquet", compare="table", key=("k",))
@@ -111,8 +117,15 @@ def _rules_task(root: Path, checks: list[dict[str, object]], **extra: object) ->
 
 CHECKS: list[dict[str, object]] = [
     {"name": "conf_parses", "kind": "parses", "path": "conf.toml", "format": "toml"},
-    {"name": "answers", "kind": "service", "start": "python serve.py", "port": 9123,
-     "send": "PING\n", "expect_contains": "PONG", "timeout_s": 10.0},  # fmt: skip
+    {
+        "name": "answers",
+        "kind": "service",
+        "start": "python serve.py",
+        "port": 9123,
+        "send": "PING\n",
+        "expect_contains": "PONG",
+        "timeout_s": 10.0,
+    },
     {"name": "writes_json", "kind": "parses", "path": "out.json", "format": "json"},
     {"name": "mentions_ok", "kind": "file_contains", "path": "out.json", "pattern": '"ok": true'},
     {"name": "compiles", "kind": "command", "run": "python -m py_compile serve.py", "hidden": True},
@@ -132,7 +145,7 @@ def test_rules_task_scores_its_solution_1_and_the_untouched_workspace_0(tmp_path
 def test_a_candidate_cannot_seed_the_probe_or_its_result(tmp_path: Path) -> None:
     task = load_task(_rules_task(tmp_path, CHECKS))
     fake = {
-        "serve.py": b"print('{\"connected\": true, \"body\": \"PONG\"}')\n",
+        "serve.py": b'print(\'{"connected": true, "body": "PONG"}\')\n',
         ".rollyard/probe.py": b"print('PONG')\n",
         "out.json": b'{"ok": true}',
     }
@@ -147,18 +160,63 @@ def test_a_candidate_cannot_seed_the_probe_or_its_result(tmp_path: Path) -> None
     [
         ({"verifier": "rules"}, "rollyard.rules", "is required by this verifier"),
         ({"verifier": "nope"}, "rollyard.verifier", "is not a known verifier kind"),
-        ({"verifier": "rules", "rules": {"checks": [{"name": "a", "kind": "service", "start": "x", "port": 70000, "http_get": "/"}]}},
-         "rollyard.rules.checks[0].port", "must be an integer from 1 to 65535"),  # fmt: skip
-        ({"verifier": "rules", "rules": {"checks": [{"name": "a", "kind": "command"}]}},
-         "rollyard.rules.checks[0].run", "is required by kind 'command'"),  # fmt: skip
-        ({"verifier": "rules", "rules": {"checks": [{"name": "a", "kind": "parses", "path": "x", "format": "yaml"}]}},
-         "rollyard.rules.checks[0].format", "is not a known value"),  # fmt: skip
-        ({"verifier": "artifact", "artifact": {"outputs": [{"path": "a.csv", "format": "text", "compare": "table"}]}},
-         "rollyard.artifact.outputs[0].format", "cannot be compared as 'table'"),  # fmt: skip
-        ({"verifier": "artifact", "artifact": {"variants": ["visible", "h1"], "outputs": [
-            {"path": "a.csv", "format": "csv", "compare": "table"}]}},
-         "rollyard.artifact.variants[1]", "tests/variants/h1/expected/ does not exist"),  # fmt: skip
-        ({"verifier": "tests", "rules": {"checks": []}}, "rollyard.rules", "is set but verifier = 'tests'"),
+        (
+            {
+                "verifier": "rules",
+                "rules": {
+                    "checks": [
+                        {
+                            "name": "a",
+                            "kind": "service",
+                            "start": "x",
+                            "port": 70000,
+                            "http_get": "/",
+                        }
+                    ]
+                },
+            },
+            "rollyard.rules.checks[0].port",
+            "must be an integer from 1 to 65535",
+        ),
+        (
+            {"verifier": "rules", "rules": {"checks": [{"name": "a", "kind": "command"}]}},
+            "rollyard.rules.checks[0].run",
+            "is required by kind 'command'",
+        ),
+        (
+            {
+                "verifier": "rules",
+                "rules": {
+                    "checks": [{"name": "a", "kind": "parses", "path": "x", "format": "yaml"}]
+                },
+            },
+            "rollyard.rules.checks[0].format",
+            "is not a known value",
+        ),
+        (
+            {
+                "verifier": "artifact",
+                "artifact": {"outputs": [{"path": "a.csv", "format": "text", "compare": "table"}]},
+            },
+            "rollyard.artifact.outputs[0].format",
+            "cannot be compared as 'table'",
+        ),
+        (
+            {
+                "verifier": "artifact",
+                "artifact": {
+                    "variants": ["visible", "h1"],
+                    "outputs": [{"path": "a.csv", "format": "csv", "compare": "table"}],
+                },
+            },
+            "rollyard.artifact.variants[1]",
+            "tests/variants/h1/expected/ does not exist",
+        ),
+        (
+            {"verifier": "tests", "rules": {"checks": []}},
+            "rollyard.rules",
+            "is set but verifier = 'tests'",
+        ),
     ],
 )
 def test_declaration_errors_name_the_field_and_the_fix(
@@ -167,20 +225,28 @@ def test_declaration_errors_name_the_field_and_the_fix(
     task_dir = _rules_task(tmp_path, CHECKS)
     (task_dir / "tests/variants/visible/expected").mkdir(parents=True)
     (task_dir / "tests/variants/visible/expected/a.csv").write_text("k\n")
-    import tomli_w
     import tomllib
+
+    import tomli_w
 
     document = tomllib.loads((task_dir / "task.toml").read_text())
     document["rollyard"] = {"id": "x", "version": "1", **table}
     (task_dir / "task.toml").write_text(tomli_w.dumps(document))
     issues = validate_task(task_dir)
-    assert any(issue.field == field and message in issue.message for issue in issues), [str(i) for i in issues]
+    assert any(issue.field == field and message in issue.message for issue in issues), [
+        str(i) for i in issues
+    ]
     assert all(issue.fix for issue in issues)
 
 
 def test_tables_with_a_json_rows_document(tmp_path: Path) -> None:
     spec = OutputSpec(path="a.json", format="json", compare="table", key=("k",))
     reference = json.dumps([{"k": "a", "v": 1}, {"k": "b", "v": 2}]).encode()
-    assert compare_artifact(json.dumps({"rows": [{"k": "b", "v": 2}, {"k": "a", "v": 1}]}).encode(), reference, spec) == []
+    assert (
+        compare_artifact(
+            json.dumps({"rows": [{"k": "b", "v": 2}, {"k": "a", "v": 1}]}).encode(), reference, spec
+        )
+        == []
+    )
     sink = pa.BufferOutputStream()
     pacsv.write_csv(pa.table({"k": ["a"]}), sink)

@@ -115,49 +115,77 @@ QUESTIONS: dict[str, Question] = {
         Question(
             "revenue_by_region",
             "answer.csv",
-            {"format": "csv", "compare": "table", "key": ["region"], "abs_tol": 0.011, "rel_tol": 1e-9},
-            lambda p: "What is the total revenue (quantity x unit_price) per region, counting every "
-            "order whose status is not `cancelled`? Write `answer.csv` with the columns `region` "
-            "and `revenue` (one row per region that has such orders; revenue rounded to cents).",
+            {
+                "format": "csv",
+                "compare": "table",
+                "key": ["region"],
+                "abs_tol": 0.011,
+                "rel_tol": 1e-9,
+            },
+            lambda p: (
+                "What is the total revenue (quantity x unit_price) per region, counting every "
+                "order whose status is not `cancelled`? Write `answer.csv` with the columns `region` "
+                "and `revenue` (one row per region that has such orders; revenue rounded to cents)."
+            ),
             _revenue_by_region,
-            lambda p: "SELECT region, round(sum(quantity * unit_price), 2) AS revenue FROM orders "
-            "WHERE status <> 'cancelled' GROUP BY region ORDER BY revenue DESC, region",
+            lambda p: (
+                "SELECT region, round(sum(quantity * unit_price), 2) AS revenue FROM orders "
+                "WHERE status <> 'cancelled' GROUP BY region ORDER BY revenue DESC, region"
+            ),
             "csv",
         ),
         Question(
             "top_products",
             "answer.json",
             {"format": "json", "compare": "set", "field": "products"},
-            lambda p: f"Which {p['k']} products sold the most units in {p['year']} (order dates in "
-            f"that year, orders not `cancelled`)? Break ties by product name, alphabetically. "
-            'Write `answer.json` as `{"products": [...]}` (any order).',
+            lambda p: (
+                f"Which {p['k']} products sold the most units in {p['year']} (order dates in "
+                f"that year, orders not `cancelled`)? Break ties by product name, alphabetically. "
+                'Write `answer.json` as `{"products": [...]}` (any order).'
+            ),
             _top_products,
-            lambda p: "SELECT product FROM orders WHERE status <> 'cancelled' AND "
-            f"CAST(order_date AS VARCHAR) LIKE '{p['year']}-%' GROUP BY product "
-            f"ORDER BY sum(quantity) DESC, product LIMIT {p['k']}",
+            lambda p: (
+                "SELECT product FROM orders WHERE status <> 'cancelled' AND "
+                f"CAST(order_date AS VARCHAR) LIKE '{p['year']}-%' GROUP BY product "
+                f"ORDER BY sum(quantity) DESC, product LIMIT {p['k']}"
+            ),
             "json:products",
         ),
         Question(
             "median_order_value",
             "answer.json",
-            {"format": "json", "compare": "number", "field": "value", "abs_tol": 0.001, "rel_tol": 1e-9},
-            lambda p: f"What is the median order value (quantity x unit_price) over the orders whose "
-            f"status is `{p['status']}`? Write `answer.json` as `{{\"value\": <number>}}`.",
+            {
+                "format": "json",
+                "compare": "number",
+                "field": "value",
+                "abs_tol": 0.001,
+                "rel_tol": 1e-9,
+            },
+            lambda p: (
+                f"What is the median order value (quantity x unit_price) over the orders whose "
+                f'status is `{p["status"]}`? Write `answer.json` as `{{"value": <number>}}`.'
+            ),
             _median_value,
-            lambda p: "SELECT median(quantity * unit_price) AS value FROM orders "
-            f"WHERE status = '{p['status']}'",
+            lambda p: (
+                "SELECT median(quantity * unit_price) AS value FROM orders "
+                f"WHERE status = '{p['status']}'"
+            ),
             "scalar:value",
         ),
         Question(
             "monthly_orders",
             "answer.csv",
             {"format": "csv", "compare": "table", "ordered": True},
-            lambda p: f"How many orders were placed per month in the `{p['region']}` region? Write "
-            "`answer.csv` with the columns `month` (`YYYY-MM`) and `orders`, one row per month "
-            "that has orders, sorted by month.",
+            lambda p: (
+                f"How many orders were placed per month in the `{p['region']}` region? Write "
+                "`answer.csv` with the columns `month` (`YYYY-MM`) and `orders`, one row per month "
+                "that has orders, sorted by month."
+            ),
             _monthly_orders,
-            lambda p: "SELECT strftime(CAST(order_date AS DATE), '%Y-%m') AS month, count(*) AS orders "
-            f"FROM orders WHERE region = '{p['region']}' GROUP BY month ORDER BY month",
+            lambda p: (
+                "SELECT strftime(CAST(order_date AS DATE), '%Y-%m') AS month, count(*) AS orders "
+                f"FROM orders WHERE region = '{p['region']}' GROUP BY month ORDER BY month"
+            ),
             "csv",
         ),
     )
@@ -181,7 +209,9 @@ class DataTaskPlan:
         return f"data/orders.{self.data_format}"
 
 
-def _orders(rng: random.Random, count: int, regions: tuple[str, ...], products: tuple[str, ...]) -> list[Order]:
+def _orders(
+    rng: random.Random, count: int, regions: tuple[str, ...], products: tuple[str, ...]
+) -> list[Order]:
     orders = []
     for order_id in range(1, count + 1):
         year = rng.choice(YEARS)
@@ -202,7 +232,7 @@ def _orders(rng: random.Random, count: int, regions: tuple[str, ...], products: 
 def _usable(orders: list[Order], question: str, params: dict[str, Any]) -> bool:
     """The question has a clear answer on these orders (present values, no tie at the cut)."""
     if question == "median_order_value":
-        return sum(o.status == params["status"] for o in orders) >= 3
+        return bool(sum(o.status == params["status"] for o in orders) >= 3)
     if question == "monthly_orders":
         return any(o.region == params["region"] for o in orders)
     if question == "top_products":
@@ -211,7 +241,7 @@ def _usable(orders: list[Order], question: str, params: dict[str, Any]) -> bool:
             if order.order_date.startswith(str(params["year"])):
                 units[order.product] += order.quantity
         ranked = sorted(units.values(), reverse=True)
-        return len(ranked) > params["k"] and ranked[params["k"] - 1] != ranked[params["k"]]
+        return bool(len(ranked) > params["k"] and ranked[params["k"] - 1] != ranked[params["k"]])
     return bool(_live(orders))
 
 
@@ -292,7 +322,9 @@ else:
 
 def _instruction(plan: DataTaskPlan) -> str:
     question = QUESTIONS[plan.question]
-    reader = "pandas.read_parquet / duckdb" if plan.data_format == "parquet" else "pandas / duckdb / csv"
+    reader = (
+        "pandas.read_parquet / duckdb" if plan.data_format == "parquet" else "pandas / duckdb / csv"
+    )
     return (
         f"# Answer a question about the orders data\n\n"
         f"`{plan.data_file}` holds one row per order with the columns `order_id`, `order_date` "
@@ -329,7 +361,9 @@ def write_data_task(plan: DataTaskPlan, task_dir: Path) -> Path:
         rollyard={
             "family": FAMILY,
             "source": f"rollyard data-analysis generator, seed {plan.seed}, index {plan.index}",
-            "difficulty": "easy" if plan.question in ("median_order_value", "revenue_by_region") else "medium",
+            "difficulty": "easy"
+            if plan.question in ("median_order_value", "revenue_by_region")
+            else "medium",
             "verifier": "artifact",
             "protected": ["data/**"],
             "limits": {"wall_time_s": 60.0, "memory_mb": 1024, "verify_timeout_s": 120.0},
@@ -341,7 +375,7 @@ def write_data_task(plan: DataTaskPlan, task_dir: Path) -> Path:
                 "outputs": [{"path": question.output, **question.output_spec}],
             },
         },
-        solve_sh='#!/bin/bash\n# Reference solution: DuckDB SQL.\nset -euo pipefail\n'
+        solve_sh="#!/bin/bash\n# Reference solution: DuckDB SQL.\nset -euo pipefail\n"
         'cp "$(dirname "$0")/analysis.py" analysis.py\n',
         solution={"analysis.py": solution},
         tests=tests,
@@ -357,7 +391,11 @@ def write_data_task(plan: DataTaskPlan, task_dir: Path) -> Path:
 
 
 def generate_data_analysis_tasks(
-    out_dir: str | Path, count: int, seed: int = 0, *, progress: Callable[[int, Path], None] | None = None
+    out_dir: str | Path,
+    count: int,
+    seed: int = 0,
+    *,
+    progress: Callable[[int, Path], None] | None = None,
 ) -> list[Path]:
     """Write `count` data-analysis tasks under `out_dir` (one directory per task id)."""
     if count < 1:

@@ -27,7 +27,20 @@ from tasks_lib.errors import GenerationError
 FAMILY = "ops"
 SCENARIOS = ("bad_config", "permissions", "failing_migration", "crash_loop")
 SERVICES = ("inventory", "catalog", "parts", "stock", "warehouse")
-WORDS = ("bolt", "nut", "gear", "belt", "pump", "valve", "seal", "hose", "clamp", "spring", "chain", "wheel")
+WORDS = (
+    "bolt",
+    "nut",
+    "gear",
+    "belt",
+    "pump",
+    "valve",
+    "seal",
+    "hose",
+    "clamp",
+    "spring",
+    "chain",
+    "wheel",
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -56,7 +69,12 @@ def _items(rng: random.Random, prefix: str) -> tuple[Item, ...]:
     count = rng.randint(5, 9)
     names = rng.sample(WORDS, count)
     return tuple(
-        Item(f"{prefix}-{rng.randrange(100, 999)}{i}", name, round(rng.uniform(0.5, 90.0), 2), rng.randint(1, 60))
+        Item(
+            f"{prefix}-{rng.randrange(100, 999)}{i}",
+            name,
+            round(rng.uniform(0.5, 90.0), 2),
+            rng.randint(1, 60),
+        )
         for i, name in enumerate(names)
     )
 
@@ -286,7 +304,9 @@ def _workspace(plan: OpsTaskPlan) -> dict[str, str | bytes]:
     name_column = "product_name" if plan.scenario == "crash_loop" else "name"
     migration_2 = MIGRATION_2_BAD if plan.scenario == "failing_migration" else MIGRATION_2_GOOD
     return {
-        "config/app.toml": CONFIG.format(service=plan.service, host=host, port=plan.port, db_mode=db_mode),
+        "config/app.toml": CONFIG.format(
+            service=plan.service, host=host, port=plan.port, db_mode=db_mode
+        ),
         "app/__init__.py": f'"""The {plan.service} service."""\n',
         "app/config.py": CONFIG_PY,
         "app/migrate.py": MIGRATE_PY,
@@ -377,13 +397,15 @@ def write_ops_task(plan: OpsTaskPlan, task_dir: Path) -> Path:
         rollyard={
             "family": FAMILY,
             "source": f"rollyard ops generator, seed {plan.seed}, index {plan.index}",
-            "difficulty": "easy" if plan.scenario in ("bad_config", "failing_migration") else "medium",
+            "difficulty": "easy"
+            if plan.scenario in ("bad_config", "failing_migration")
+            else "medium",
             "verifier": "rules",
             "protected": ["data/**"],
             "limits": {"wall_time_s": 60.0, "memory_mb": 1024, "verify_timeout_s": 150.0},
             "rules": {"overlay_dir": "tests/overlay", "checks": checks},
         },
-        solve_sh='#!/bin/bash\n# Reference solution: fix the faulty line.\nset -euo pipefail\n'
+        solve_sh="#!/bin/bash\n# Reference solution: fix the faulty line.\nset -euo pipefail\n"
         'python "$(dirname "$0")/fix.py" "$(dirname "$0")/fix.json"\n',
         solution={"fix.py": FIX_PY, "fix.json": json.dumps(_fix(plan))},
         tests={"overlay/data/items.csv": _items_csv(plan.hidden)},
@@ -400,7 +422,11 @@ def write_ops_task(plan: OpsTaskPlan, task_dir: Path) -> Path:
 
 
 def generate_ops_tasks(
-    out_dir: str | Path, count: int, seed: int = 0, *, progress: Callable[[int, Path], None] | None = None
+    out_dir: str | Path,
+    count: int,
+    seed: int = 0,
+    *,
+    progress: Callable[[int, Path], None] | None = None,
 ) -> list[Path]:
     """Write `count` ops tasks under `out_dir` (one directory per task id)."""
     if count < 1:
