@@ -19,7 +19,6 @@ from typing import Any
 
 from sandboxes import Limits
 from tasks_lib.errors import TaskNotFoundError, TaskValidationError, ValidationIssue
-from tasks_lib.verifiers.spec import VERIFIER_KINDS, parse_artifact, parse_rules
 from tasks_lib.model import (
     DEFAULT_HIDDEN_DIR,
     DEFAULT_TEST_COMMAND,
@@ -27,6 +26,7 @@ from tasks_lib.model import (
     DIFFICULTIES,
     Task,
 )
+from tasks_lib.verifiers.spec import VERIFIER_KINDS, parse_artifact, parse_rules
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 TEST_ID_PATTERN = re.compile(r"^(?P<file>[^:\s][^:]*\.py)(?P<rest>(?:::[^:]+)+)$")
