@@ -100,3 +100,17 @@ def test_report_renders_in_a_headless_browser(
         # a rendered page has text, table rules and plotted lines: many colours, not a blank
         colours = image.convert("RGB").getcolors(maxcolors=1 << 20) or []
         assert len(colours) > 50, f"the page rendered as {len(colours)} colours"
+
+
+def test_report_of_an_empty_store_says_so(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    page = write_report(TrajectoryStore(str(store)), tmp_path / "r.html").read_text()
+    assert re.findall(r'<h2 id="([a-z]+)">', page) == SECTIONS
+    assert "No episodes in this store yet." in page and "<img" not in page
+
+
+def test_report_of_one_run(small_store: Path, tmp_path: Path) -> None:
+    out = tmp_path / "r.html"
+    assert main(["report", "--store", str(small_store), "--out", str(out), "--run-id", "x"]) == 0
+    assert "No iterations yet." in out.read_text()  # run x does not exist in the store
