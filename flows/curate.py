@@ -18,6 +18,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from storage import TrajectoryStore
+from storage.reviews import blocked_families, review_gate
 from tasks_lib.curate import (
     CurationSettings,
     Sampler,
@@ -27,6 +28,7 @@ from tasks_lib.curate import (
     load_eval_set,
     verdict_rows,
 )
+from tasks_lib.curate.review_gate import apply_review_gate
 from tasks_lib.curate.similarity import EvalSet
 from tasks_lib.model import Task
 
@@ -112,9 +114,15 @@ def curate(params: CurateParams) -> list[dict[str, Any]]:
         list(params.task_dirs), unmapped(settings), unmapped(eval_set), unmapped(sampler)
     )
     checks = [future.result() for future in futures]
-    verdicts = decide(checks, settings, eval_set)
+    store = TrajectoryStore(params.store)
+    # Human spot checks feed back here: a family whose rewards reviewers often disagree with
+    # gets no more tasks admitted until its verifier is fixed.
+    blocked = blocked_families(review_gate(store))
+    if blocked:
+        logger.warning("review gate blocks families: %s", ", ".join(sorted(blocked)))
+    verdicts = apply_review_gate(decide(checks, settings, eval_set), blocked)
     batch_id = params.batch_id or f"curate-{uuid.uuid4().hex[:12]}"
-    TrajectoryStore(params.store).record_tasks(verdict_rows(verdicts), batch_id=batch_id)
+    store.record_tasks(verdict_rows(verdicts), batch_id=batch_id)
     admitted = sum(v.admitted for v in verdicts)
     logger.info(
         "curation %s: %d of %d tasks admitted (%d runs per candidate)",
