@@ -23,6 +23,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 
+from flows.artifacts import publish_iteration_artifacts
 from storage import StoreError, TrajectoryStore
 from storage.gates import GateReport, GateSettings
 from storage.gates import gate_iteration as run_gate
@@ -305,8 +306,12 @@ def train(settings: TrainSettings) -> list[IterationSummary]:
                 iteration=iteration,
                 episodes=len(outcome.trajectories),
                 rewards=[t.reward for t in outcome.trajectories],
+                queued_shards=len(submitted.futures)
+                - len(outcomes)
+                + sum(len(later.futures) for later in in_flight.values()),
             )
         summary = _consume(store, trainer, settings, iteration, outcomes, submitted, logger)
+        publish_iteration_artifacts(store, settings.run_id, iteration)
         summaries.append(summary)
         _report("iteration_done", summary=summary)
     if summaries:

@@ -163,7 +163,11 @@ def _run_with_progress(settings: Any, args: argparse.Namespace) -> list[Any]:
         elif event == "shard_done":
             rewards.extend(r for r in values["rewards"] if r is not None)
             mean = sum(rewards) / len(rewards) if rewards else 0.0
-            progress.update(episodes, advance=values["episodes"], status=f"mean reward {mean:.2f}")
+            progress.update(
+                episodes,
+                advance=values["episodes"],
+                status=f"mean reward {mean:.2f}, {values['queued_shards']} shards queued",
+            )
         elif event == "iteration_done":
             summary = values["summary"]
             rewards.clear()
