@@ -151,21 +151,9 @@ def run_curation(
 ) -> list[dict[str, Any]]:
     """Run the flow on embedded defaults (a local Prefect API unless `PREFECT_API_URL` is set,
     a Dask LocalCluster of `workers` processes unless `dask_address` names a scheduler)."""
-    from prefect_dask import DaskTaskRunner
+    from flows.runtime import dask_task_runner, prefect_api, prefect_home_for
 
-    from flows.runtime import prefect_api, prefect_home_for
-
-    if dask_address:
-        runner = DaskTaskRunner(address=dask_address)
-    else:
-        runner = DaskTaskRunner(
-            cluster_kwargs={
-                "n_workers": workers,
-                "threads_per_worker": 1,
-                "processes": True,
-                "dashboard_address": None,
-            }
-        )
+    runner = dask_task_runner(workers, dask_address)
     with prefect_api(prefect_home_for(params.store)):
         return curate.with_options(task_runner=runner)(params)
 

@@ -14,10 +14,10 @@ from typing import Any, cast
 
 from prefect import flow, get_run_logger
 from prefect.deployments.runner import RunnerDeployment
-from prefect.task_runners import TaskRunner
 
 from flows.curate import CurateParams, curate, task_dirs_from
 from flows.evaluate import EvaluateParams, evaluate
+from flows.runtime import dask_task_runner
 from flows.train import IterationSummary, TrainSettings, train
 
 CURATE_DEPLOYMENT = "nightly-curation"
@@ -53,21 +53,6 @@ class ServeSettings:
     def __post_init__(self) -> None:
         if self.evaluate_interval_s <= 0:
             raise ValueError(f"evaluate_interval_s must be > 0, got {self.evaluate_interval_s}")
-
-
-def dask_task_runner(workers: int, dask_address: str | None) -> TaskRunner[Any]:
-    from prefect_dask.task_runners import DaskTaskRunner
-
-    if dask_address:
-        return DaskTaskRunner(address=dask_address)
-    return DaskTaskRunner(
-        cluster_kwargs={
-            "n_workers": workers,
-            "threads_per_worker": 1,
-            "processes": True,
-            "dashboard_address": None,
-        }
-    )
 
 
 @flow(name="curate-library", log_prints=False)

@@ -20,6 +20,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 QUIET_ENV = {
     "DO_NOT_TRACK": "1",
@@ -174,3 +175,20 @@ def drain_prefect_clients(timeout_s: float = 10.0) -> None:
         APILogWorker.drain_all(timeout=timeout_s)
     with contextlib.suppress(Exception):
         EventsWorker.drain_all(timeout=timeout_s)
+
+
+def dask_task_runner(workers: int, dask_address: str | None) -> Any:
+    """The Dask task runner of every flow: a running scheduler when `dask_address` is given,
+    else a LocalCluster of `workers` single-threaded processes (an episode holds one core)."""
+    from prefect_dask import DaskTaskRunner
+
+    if dask_address:
+        return DaskTaskRunner(address=dask_address)
+    return DaskTaskRunner(
+        cluster_kwargs={
+            "n_workers": workers,
+            "threads_per_worker": 1,
+            "processes": True,
+            "dashboard_address": None,
+        }
+    )

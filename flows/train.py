@@ -413,23 +413,12 @@ def run_training(
     """Run the flow on embedded defaults: a local Prefect API unless `PREFECT_API_URL` is set,
     and a Dask LocalCluster of `workers` processes unless `dask_address` names a scheduler."""
     import dask
-    from prefect_dask import DaskTaskRunner
 
-    from flows.runtime import prefect_api, prefect_home_for
+    from flows.runtime import dask_task_runner, prefect_api, prefect_home_for
 
     # A shard is rescheduled when its worker dies; Dask gives up after `allowed-failures` deaths
     # of the same task (default 3). Shards are idempotent, so allow more before failing a run.
     dask.config.set({"distributed.scheduler.allowed-failures": WORKER_DEATHS_PER_SHARD})
-    if dask_address:
-        runner = DaskTaskRunner(address=dask_address)
-    else:
-        runner = DaskTaskRunner(
-            cluster_kwargs={
-                "n_workers": workers,
-                "threads_per_worker": 1,
-                "processes": True,
-                "dashboard_address": None,
-            }
-        )
+    runner = dask_task_runner(workers, dask_address)
     with prefect_api(prefect_home_for(settings.store)):
         return train.with_options(task_runner=runner)(settings)

@@ -14,20 +14,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from flows.cli import CliError
+from flows.cli import CliError, positive_int
 
 EXIT_WEAK = 1
 FAMILIES = ("data_analysis", "ops")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
-    return value
 
 
 def _subcommands(
@@ -50,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     generate.add_argument("family", choices=FAMILIES, metavar="FAMILY", help=" | ".join(FAMILIES))
     generate.add_argument("--out", required=True, type=Path, help="directory to write the tasks to")
-    generate.add_argument("--count", type=_positive_int, default=8)
+    generate.add_argument("--count", type=positive_int, default=8)
     generate.add_argument("--seed", type=int, default=0)
     generate.set_defaults(handler=generate_command)
 
@@ -74,7 +64,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     group = review.add_subparsers(dest="review_command", required=True, metavar="COMMAND")
     queue = group.add_parser("queue", help="episodes to review, stratified by family and reward")
     _store_arg(queue)
-    queue.add_argument("--per-stratum", type=_positive_int, default=2)
+    queue.add_argument("--per-stratum", type=positive_int, default=2)
     queue.add_argument("--seed", type=int, default=0)
     queue.add_argument("--run-id")
     queue.add_argument("--tasks", type=Path, nargs="*", default=[], metavar="DIR",
@@ -102,7 +92,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     gate = group.add_parser("gate", help="families whose review agreement blocks more tasks")
     _store_arg(gate)
-    gate.add_argument("--min-reviews", type=_positive_int, default=10)
+    gate.add_argument("--min-reviews", type=positive_int, default=10)
     gate.add_argument("--min-agreement", type=float, default=0.8)
     gate.set_defaults(handler=gate_command)
 

@@ -6,24 +6,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
-from flows.cli import EXIT_USAGE, CliError
+from flows.cli import EXIT_USAGE, CliError, positive_float, positive_int
 
 EXIT_HOST_UNSUPPORTED = 3
-
-
-def _positive(kind: type[int] | type[float]) -> Any:
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-        return value
-
-    return parse
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -36,12 +22,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Runs CMD in a fresh sandbox (cwd = the workspace) and prints one JSON "
         "object. WORKSPACE itself is never modified.",
     )
-    run.add_argument("--timeout-s", type=_positive(float), default=None, help="wall-clock limit")
-    run.add_argument("--memory-mb", type=_positive(int), default=None)
-    run.add_argument("--pids", type=_positive(int), default=None)
-    run.add_argument("--disk-mb", type=_positive(int), default=None)
-    run.add_argument("--output-bytes", type=_positive(int), default=None)
-    run.add_argument("--cpus", type=_positive(float), default=None)
+    run.add_argument("--timeout-s", type=positive_float, default=None, help="wall-clock limit")
+    run.add_argument("--memory-mb", type=positive_int, default=None)
+    run.add_argument("--pids", type=positive_int, default=None)
+    run.add_argument("--disk-mb", type=positive_int, default=None)
+    run.add_argument("--output-bytes", type=positive_int, default=None)
+    run.add_argument("--cpus", type=positive_float, default=None)
     run.add_argument("workspace", metavar="WORKSPACE", help="directory the sandbox starts from")
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
     run.set_defaults(handler=run_command)

@@ -8,17 +8,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from flows.cli import EXIT_USAGE, CliError
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
-    return value
+from flows.cli import EXIT_USAGE, CliError, positive_int
 
 
 def register(subparsers: Any) -> None:
@@ -42,17 +32,15 @@ def register(subparsers: Any) -> None:
         "--eval-tasks", default=None, help="held-out tasks that new checkpoints are evaluated on"
     )
     parser.add_argument("--run-id", default="run-0", help="the training run to continue")
-    parser.add_argument("--train-iterations", type=_positive_int, default=6)
+    parser.add_argument("--train-iterations", type=positive_int, default=6)
     parser.add_argument("--curate-cron", default="0 2 * * *", help="default: 02:00 daily")
     parser.add_argument("--train-cron", default="0 3 * * *", help="default: 03:00 daily")
-    parser.add_argument(
-        "--evaluate-every-s", type=_positive_int, default=900, help="default: 900 s"
-    )
+    parser.add_argument("--evaluate-every-s", type=positive_int, default=900, help="default: 900 s")
     parser.add_argument("--timezone", default="UTC", help="of the cron schedules (default UTC)")
-    parser.add_argument("--workers", type=_positive_int, default=2, help="Dask worker processes")
+    parser.add_argument("--workers", type=positive_int, default=2, help="Dask worker processes")
     parser.add_argument("--dask-address", default=None, help="a running Dask scheduler")
     parser.add_argument(
-        "--limit", type=_positive_int, default=1, help="flow runs at once (default 1)"
+        "--limit", type=positive_int, default=1, help="flow runs at once (default 1)"
     )
     parser.add_argument(
         "--paused", action="store_true", help="register the schedules paused (runs by hand only)"

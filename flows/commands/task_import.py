@@ -9,20 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from flows.cli import CliError
+from flows.cli import CliError, positive_int
 
 EXIT_NOTHING = 1
 EXIT_SOME_ROWS_FAILED = 4
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
-    return value
 
 
 def _tasks_commands(
@@ -50,9 +40,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     synth.add_argument("project", type=Path, metavar="PROJECT_DIR")
     synth.add_argument("--out", required=True, type=Path, help="directory to write the tasks to")
-    synth.add_argument("--max", type=_positive_int, default=10, dest="max_tasks",
+    synth.add_argument("--max", type=positive_int, default=10, dest="max_tasks",
                        help="tasks to keep at most (default 10)")  # fmt: skip
-    synth.add_argument("--max-mutants", type=_positive_int, default=None,
+    synth.add_argument("--max-mutants", type=positive_int, default=None,
                        help="mutants to try at most (default 8 per task)")  # fmt: skip
     synth.add_argument("--seed", type=int, default=0)
     synth.add_argument("--workers", type=int, default=0,
@@ -74,7 +64,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     swebench.add_argument("instances", type=Path, metavar="FILE.jsonl")
     swebench.add_argument("--repos", required=True, type=Path, help="directory of local clones")
     swebench.add_argument("--out", required=True, type=Path, help="directory to write tasks to")
-    swebench.add_argument("--limit", type=_positive_int, default=None, help="rows to read at most")
+    swebench.add_argument("--limit", type=positive_int, default=None, help="rows to read at most")
     swebench.set_defaults(handler=import_swebench_command)
 
 

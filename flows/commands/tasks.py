@@ -12,20 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from flows.cli import CliError
+from flows.cli import CliError, positive_int
 
 EXIT_INVALID = 1
 EXIT_NOT_SCORED = 3
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
-    return value
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -34,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     demo = commands.add_parser("demo", help="write N tasks of the built-in bug-fix family")
     demo.add_argument("--out", required=True, type=Path, help="directory to write the tasks to")
-    demo.add_argument("--count", type=_positive_int, default=10)
+    demo.add_argument("--count", type=positive_int, default=10)
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(handler=demo_command)
 
@@ -58,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "check", help="oracle check: the solution scores 1, the untouched workspace 0"
     )
     check.add_argument("tasks", type=Path, nargs="+", metavar="TASK")
-    check.add_argument("--jobs", type=_positive_int, default=1, help="tasks checked at once")
+    check.add_argument("--jobs", type=positive_int, default=1, help="tasks checked at once")
     check.set_defaults(handler=check_command)
 
     verify = subparsers.add_parser(

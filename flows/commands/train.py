@@ -7,23 +7,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from flows.cli import EXIT_USAGE, CliError
+from flows.cli import EXIT_USAGE, CliError, positive_int
 
 DEMO_TASK_COUNT = 24
 DEMO_DIFFICULTY = {"easy": 1.0}
 """The demo's tasks: one-bug tasks an untrained policy fixes now and then within its few
 trials, so GRPO groups differ from the first iteration (see
 `tasks_lib.families.demo.generate.DIFFICULTY_LEVELS`; `benchmarks/README.md` § Learning)."""
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
-    return value
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -41,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     # sized for a few minutes on 2 cores: 8 iterations x 4 tasks x 6 samples, 6 steps each
     _common_train_options(demo, iterations=8, group_size=6, tasks_per_iteration=4, max_steps=6)
-    demo.add_argument("--task-count", type=_positive_int, default=DEMO_TASK_COUNT)
+    demo.add_argument("--task-count", type=positive_int, default=DEMO_TASK_COUNT)
     demo.set_defaults(handler=demo_command)
 
 
@@ -54,17 +44,17 @@ def _common_train_options(
     max_steps: int = 10,
 ) -> None:
     parser.add_argument("--store", default=".rollyard", help="store root (default ./.rollyard)")
-    parser.add_argument("--iterations", type=_positive_int, default=iterations)
-    parser.add_argument("--group-size", type=_positive_int, default=group_size)
-    parser.add_argument("--tasks-per-iteration", type=_positive_int, default=tasks_per_iteration)
+    parser.add_argument("--iterations", type=positive_int, default=iterations)
+    parser.add_argument("--group-size", type=positive_int, default=group_size)
+    parser.add_argument("--tasks-per-iteration", type=positive_int, default=tasks_per_iteration)
     parser.add_argument(
         "--shards",
-        type=_positive_int,
+        type=positive_int,
         default=4,
         help="Prefect tasks (episode shards) per iteration",
     )
-    parser.add_argument("--max-steps", type=_positive_int, default=max_steps)
-    parser.add_argument("--workers", type=_positive_int, default=2, help="Dask worker processes")
+    parser.add_argument("--max-steps", type=positive_int, default=max_steps)
+    parser.add_argument("--workers", type=positive_int, default=2, help="Dask worker processes")
     parser.add_argument("--dask-address", default=None, help="a running Dask scheduler")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--run-id", default=None, help="default: run-<seed>")
@@ -77,13 +67,13 @@ def _common_train_options(
     )
     parser.add_argument(
         "--max-policy-lag",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         help="async: updates an episode's policy may lag behind the trainer",
     )
     parser.add_argument(
         "--max-attempts",
-        type=_positive_int,
+        type=positive_int,
         default=3,
         help="attempts per episode after infra failures (sandbox crash, hang, host OOM)",
     )
