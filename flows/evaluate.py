@@ -16,7 +16,7 @@ from prefect.cache_policies import NO_CACHE
 
 from storage import CheckpointInfo, TrajectoryStore
 from training.evaluation import EvaluationResult, checkpoints_to_evaluate, evaluate_checkpoint
-from training.local import task_dirs_in
+from training.iteration import task_dirs_in
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

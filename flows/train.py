@@ -24,11 +24,17 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 
 from flows.artifacts import publish_iteration_artifacts
-from storage import StoreError, TrajectoryStore
+from storage import TrajectoryStore
 from storage.gates import GateReport, GateSettings
 from storage.gates import gate_iteration as run_gate
 from training.episode import EpisodeConfig
-from training.grpo import GRPOConfig, GRPOTrainer, UpdateMetrics, load_checkpoint, save_checkpoint
+from training.grpo import GRPOTrainer, UpdateMetrics
+from training.iteration import (
+    IterationSummary,
+    finish_iteration,
+    restore_trainer,
+    task_dirs_in,
+)
 from training.recovery import FaultPlan, RecoveryPolicy
 from training.rollout import (
     ShardOutcome,
@@ -37,7 +43,6 @@ from training.rollout import (
     predict_episode_seconds,
     rollout_shard_and_commit,
 )
-from training.scorer_policy import CandidateScorerPolicy
 from training.trajectory import Trajectory
 
 
@@ -98,20 +103,6 @@ class TrainSettings:
         return self.max_policy_lag if self.mode == "async" else 0
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class IterationSummary:
-    iteration: int
-    episodes: int
-    reward_mean: float
-    pass_rate: float
-    infra_errors: int
-    policy_version: str
-    quarantined: bool
-    wall_s: float
-    max_policy_lag: int = 0
-    stale_dropped: int = 0
-
-
 ProgressHook = Callable[[str, dict[str, Any]], None]
 _progress_hook: ProgressHook | None = None
 
@@ -161,56 +152,6 @@ def update_policy(trainer: GRPOTrainer, trajectories: list[Trajectory]) -> Updat
 # -- the flow -----------------------------------------------------------------------------------
 
 
-def task_dirs_in(tasks_dir: Path) -> list[Path]:
-    if not tasks_dir.is_dir():
-        raise ValueError(
-            f"tasks directory {tasks_dir} does not exist; generate tasks first "
-            "(rollyard tasks demo --out DIR)"
-        )
-    dirs = sorted(p for p in tasks_dir.iterdir() if (p / "task.toml").is_file())
-    if not dirs:
-        raise ValueError(f"no task directories (with a task.toml) in {tasks_dir}")
-    return dirs
-
-
-ITERATION_DONE_SOURCE = "train_flow"
-"""Metrics source whose row marks an iteration as fully done (committed, trained on,
-checkpointed): it is written last, so resume starts after the last iteration that has it."""
-
-
-def completed_iterations(store: TrajectoryStore, run_id: str) -> list[int]:
-    try:
-        rows = store.query(
-            "SELECT DISTINCT iteration FROM metrics WHERE run_id = ? AND source = ? "
-            "ORDER BY iteration",
-            [run_id, ITERATION_DONE_SOURCE],
-        ).to_pylist()
-    except StoreError:
-        return []  # a new store: nothing done yet
-    return [int(row["iteration"]) for row in rows]
-
-
-def restore_trainer(store: TrajectoryStore, settings: TrainSettings) -> tuple[GRPOTrainer, int]:
-    """The trainer to continue with and the first iteration still to run."""
-    done = completed_iterations(store, settings.run_id)
-    if done and not settings.resume:
-        raise ValueError(
-            f"run {settings.run_id!r} already has {len(done)} completed iteration(s) in "
-            f"{settings.store}; pass --resume to continue it or choose another --run-id"
-        )
-    checkpoints = [
-        c for c in store.list_checkpoints(settings.run_id) if done and c.iteration <= done[-1]
-    ]
-    if not done or not checkpoints:
-        policy = CandidateScorerPolicy(seed=settings.seed)
-        return GRPOTrainer(policy, GRPOConfig(seed=settings.seed)), 0
-    # The newest checkpoint holds the policy after the last completed iteration (an iteration
-    # that changed nothing stores no new version).
-    latest = max(checkpoints, key=lambda c: (c.iteration, c.created_at))
-    trainer = load_checkpoint(store, settings.run_id, latest.policy_version, seed=settings.seed)
-    return trainer, done[-1] + 1
-
-
 def committed_trajectories(
     store: TrajectoryStore,
     run_id: str,
@@ -253,7 +194,9 @@ def train(settings: TrainSettings) -> list[IterationSummary]:
     logger = get_run_logger()
     store = TrajectoryStore(settings.store)
     task_dirs = task_dirs_in(Path(settings.tasks_dir))
-    trainer, first_iteration = restore_trainer(store, settings)
+    trainer, first_iteration = restore_trainer(
+        store, settings.run_id, seed=settings.seed, resume=settings.resume
+    )
     if first_iteration:
         logger.info("resuming run %s at iteration %d", settings.run_id, first_iteration)
     recovery = RecoveryPolicy(settings.max_attempts, settings.recovery_mode)  # type: ignore[arg-type]
@@ -353,41 +296,23 @@ def _consume(
     )
     # Read after the gate: a quarantined iteration yields nothing to train on.
     trajectories = committed_trajectories(store, settings.run_id, iteration, outcomes)
-    quarantined = report.quarantined
     policy_lag = trainer.updates - submitted.policy_updates
     stale_dropped = 0
     if policy_lag > max(settings.pipeline_depth, 0):
         # Only reachable when resuming into a pipeline planned with an older policy.
         stale_dropped, trajectories = len(trajectories), []
-    version_before = trainer.policy.version
-    metrics = update_policy(trainer, trajectories) if trajectories else None
-    values: dict[str, float | None] = dict(metrics.as_dict()) if metrics else {}
-    values.update(
-        policy_lag=float(policy_lag),
-        stale_dropped=float(stale_dropped),
-        rollout_wall_s=time.monotonic() - submitted.started,
-    )
-    save_checkpoint(
-        trainer,
+    summary = finish_iteration(
         store,
+        trainer,
         run_id=settings.run_id,
         iteration=iteration,
-        trained_on_iterations=[iteration] if trajectories else [],
-        n_episodes=len(trajectories),
-        parent_policy_version=version_before,
-    )
-    store.record_metrics(settings.run_id, iteration, values, source=ITERATION_DONE_SOURCE)
-    rewards = [t.reward for t in batch if t.trainable and t.reward is not None]
-    summary = IterationSummary(
-        iteration=iteration,
-        episodes=len(batch),
-        reward_mean=sum(rewards) / len(rewards) if rewards else 0.0,
-        pass_rate=sum(1 for r in rewards if r >= 1.0) / len(rewards) if rewards else 0.0,
-        infra_errors=sum(1 for t in batch if not t.trainable),
-        policy_version=trainer.policy.version,
-        quarantined=quarantined,
+        batch=batch,
+        trainable=trajectories,
+        quarantined=report.quarantined,
+        gate_reason=report.reason,
         wall_s=time.monotonic() - submitted.started,
-        max_policy_lag=policy_lag,
+        update=update_policy,
+        policy_lag=policy_lag,
         stale_dropped=stale_dropped,
     )
     logger.info(

@@ -15,51 +15,23 @@ continued by `rollyard train --resume` and the other way round:
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from sandboxes import Limits, SandboxPool
-from storage import StoreError, TrajectoryStore
+from storage import TrajectoryStore
 from storage.gates import GateSettings, gate_iteration
 from training.episode import EpisodeConfig
-from training.grpo import GRPOConfig, GRPOTrainer, load_checkpoint, save_checkpoint
+from training.iteration import (
+    IterationSummary,
+    finish_iteration,
+    restore_trainer,
+    task_dirs_in,
+)
 from training.rollout import plan_iteration, rollout_shard_and_commit
 from training.scorer_policy import CandidateScorerPolicy
 from training.trajectory import Trajectory
-
-ITERATION_DONE_SOURCE = "train_flow"
-"""The `metrics.source` marking an iteration as done — the same marker the train flow writes,
-so either can resume a run the other started."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class LocalIteration:
-    """What one locally run iteration did."""
-
-    iteration: int
-    episodes: int
-    reward_mean: float
-    pass_rate: float
-    infra_errors: int
-    policy_version: str
-    """The policy after this iteration's update."""
-    quarantined: bool
-    gate_reason: str | None
-    wall_s: float
-
-
-def task_dirs_in(tasks_dir: str | Path) -> list[Path]:
-    """The task directories (those holding a task.toml) directly under `tasks_dir`."""
-    root = Path(tasks_dir)
-    dirs = sorted(p for p in root.iterdir() if (p / "task.toml").is_file()) if root.is_dir() else []
-    if not dirs:
-        raise ValueError(
-            f"no task directories (with a task.toml) in {root}; generate some first "
-            "(rollyard tasks demo --out DIR)"
-        )
-    return dirs
 
 
 def rollout_batch(
@@ -100,33 +72,6 @@ def rollout_batch(
     return [t for outcome in outcomes for t in outcome.trajectories]
 
 
-def _done_iterations(store: TrajectoryStore, run_id: str) -> list[int]:
-    try:
-        rows = store.query(
-            "SELECT DISTINCT iteration FROM metrics WHERE run_id = ? AND source = ? ORDER BY 1",
-            [run_id, ITERATION_DONE_SOURCE],
-        ).to_pylist()
-    except StoreError:
-        return []
-    return [int(row["iteration"]) for row in rows]
-
-
-def _restore(
-    store: TrajectoryStore, run_id: str, *, seed: int, resume: bool
-) -> tuple[GRPOTrainer, int]:
-    done = _done_iterations(store, run_id)
-    if done and not resume:
-        raise ValueError(
-            f"run {run_id!r} already has {len(done)} completed iteration(s) in {store.root}; "
-            "pass resume=True to continue it or choose another run_id"
-        )
-    checkpoints = [c for c in store.list_checkpoints(run_id) if done and c.iteration <= done[-1]]
-    if not checkpoints:
-        return GRPOTrainer(CandidateScorerPolicy(seed=seed), GRPOConfig(seed=seed)), 0
-    latest = max(checkpoints, key=lambda c: (c.iteration, c.created_at))
-    return load_checkpoint(store, run_id, latest.policy_version, seed=seed), done[-1] + 1
-
-
 def train_locally(
     tasks_dir: str | Path,
     store: str | Path | TrajectoryStore,
@@ -139,8 +84,8 @@ def train_locally(
     seed: int = 0,
     resume: bool = False,
     gate_settings: GateSettings | None = None,
-    on_iteration: Callable[[LocalIteration], None] | None = None,
-) -> list[LocalIteration]:
+    on_iteration: Callable[[IterationSummary], None] | None = None,
+) -> list[IterationSummary]:
     """Train the built-in policy with GRPO for `iterations` iterations, in this process.
 
     Gate thresholds come from `ROLLYARD_GATE_*` unless `gate_settings` is given; a quarantined
@@ -150,9 +95,9 @@ def train_locally(
         raise ValueError(f"iterations must be >= 1, got {iterations}")
     store = store if isinstance(store, TrajectoryStore) else TrajectoryStore(store)
     task_dirs = task_dirs_in(tasks_dir)
-    trainer, first = _restore(store, run_id, seed=seed, resume=resume)
+    trainer, first = restore_trainer(store, run_id, seed=seed, resume=resume)
     gate_settings = gate_settings or GateSettings.from_env()
-    done: list[LocalIteration] = []
+    done: list[IterationSummary] = []
     with SandboxPool(limits=Limits(), max_idle_per_snapshot=1) as pool:
         for iteration in range(first, iterations):
             started = time.monotonic()
@@ -176,33 +121,16 @@ def train_locally(
                 store.read_episodes(run_id, iteration, columns=["episode_id"]).column(0).to_pylist()
             )
             trainable = [t for t in batch if t.episode_id in kept]
-            version_before = trainer.policy.version
-            values: dict[str, float | None] = {}
-            if trainable:
-                values.update(trainer.update(trainable).as_dict())
-            save_checkpoint(
-                trainer,
+            summary = finish_iteration(
                 store,
+                trainer,
                 run_id=run_id,
                 iteration=iteration,
-                trained_on_iterations=[iteration] if trainable else [],
-                n_episodes=len(trainable),
-                parent_policy_version=version_before,
-            )
-            wall_s = time.monotonic() - started
-            values["rollout_wall_s"] = wall_s
-            store.record_metrics(run_id, iteration, values, source=ITERATION_DONE_SOURCE)
-            rewards = [t.reward for t in batch if t.trainable and t.reward is not None]
-            summary = LocalIteration(
-                iteration=iteration,
-                episodes=len(batch),
-                reward_mean=sum(rewards) / len(rewards) if rewards else 0.0,
-                pass_rate=sum(1 for r in rewards if r >= 1.0) / len(rewards) if rewards else 0.0,
-                infra_errors=sum(1 for t in batch if not t.trainable),
-                policy_version=trainer.policy.version,
+                batch=batch,
+                trainable=trainable,
                 quarantined=report.quarantined,
                 gate_reason=report.reason,
-                wall_s=wall_s,
+                wall_s=time.monotonic() - started,
             )
             done.append(summary)
             if on_iteration is not None:

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from flows.train import GateStoppedRun, TrainSettings, completed_iterations, run_training
+from flows.train import GateStoppedRun, TrainSettings, run_training
 from storage import TrajectoryStore
+from training.iteration import completed_iterations
 from training.recovery import FaultPlan
 
 TASKS_PER_ITERATION = 2

@@ -10,7 +10,8 @@ import pytest
 
 from storage import TrajectoryStore
 from training.evaluation import checkpoints_to_evaluate, evaluate_checkpoint
-from training.local import ITERATION_DONE_SOURCE, train_locally
+from training.iteration import ITERATION_DONE_SOURCE
+from training.local import train_locally
 
 
 def test_train_locally_runs_resumes_and_evaluates(demo_tasks: Path, tmp_path: Path) -> None:
@@ -23,7 +24,7 @@ def test_train_locally_runs_resumes_and_evaluates(demo_tasks: Path, tmp_path: Pa
     )
     assert [it.iteration for it in first] == seen == [0]
     assert first[0].episodes == 1
-    with pytest.raises(ValueError, match="resume=True"):
+    with pytest.raises(ValueError, match="resume it"):
         train_locally(demo_tasks, store, iterations=2, **tiny)
     second = train_locally(demo_tasks, store, iterations=2, resume=True, **tiny)
     assert [it.iteration for it in second] == [1]

@@ -1,0 +1,137 @@
+"""What a training iteration is, shared by the Prefect flow (`flows.train`) and in-process
+training (`training.local`): where a run stands, and how an iteration's committed batch is
+turned into an update, a checkpoint and a completion marker.
+
+An iteration is done when its marker — a metrics row with source `train_flow`, written last,
+after the checkpoint — is in the store. Resume starts after the last done iteration, from the
+newest checkpoint at or before it; either entry point can continue a run the other started.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from storage import StoreError, TrajectoryStore
+from training.grpo import GRPOConfig, GRPOTrainer, UpdateMetrics, load_checkpoint, save_checkpoint
+from training.scorer_policy import CandidateScorerPolicy
+from training.trajectory import Trajectory
+
+ITERATION_DONE_SOURCE = "train_flow"
+"""The `metrics.source` whose row marks an iteration as done."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class IterationSummary:
+    """What one iteration did."""
+
+    iteration: int
+    episodes: int
+    """Committed episodes of the iteration (quarantined ones included)."""
+    reward_mean: float
+    pass_rate: float
+    infra_errors: int
+    policy_version: str
+    """The policy after this iteration's update."""
+    quarantined: bool
+    wall_s: float
+    gate_reason: str | None = None
+    max_policy_lag: int = 0
+    stale_dropped: int = 0
+
+
+def task_dirs_in(tasks_dir: str | Path) -> list[Path]:
+    """The task directories (those holding a task.toml) directly under `tasks_dir`."""
+    root = Path(tasks_dir)
+    dirs = sorted(p for p in root.iterdir() if (p / "task.toml").is_file()) if root.is_dir() else []
+    if not dirs:
+        raise ValueError(
+            f"no task directories (with a task.toml) in {root}; generate some first "
+            "(rollyard tasks demo --out DIR)"
+        )
+    return dirs
+
+
+def completed_iterations(store: TrajectoryStore, run_id: str) -> list[int]:
+    try:
+        rows = store.query(
+            "SELECT DISTINCT iteration FROM metrics WHERE run_id = ? AND source = ? ORDER BY 1",
+            [run_id, ITERATION_DONE_SOURCE],
+        ).to_pylist()
+    except StoreError:
+        return []  # a new store: nothing done yet
+    return [int(row["iteration"]) for row in rows]
+
+
+def restore_trainer(
+    store: TrajectoryStore, run_id: str, *, seed: int, resume: bool
+) -> tuple[GRPOTrainer, int]:
+    """The trainer to continue with and the first iteration still to run."""
+    done = completed_iterations(store, run_id)
+    if done and not resume:
+        raise ValueError(
+            f"run {run_id!r} already has {len(done)} completed iteration(s) in {store.root}; "
+            "resume it (`--resume`, or `resume=True` from Python) or choose another run id"
+        )
+    checkpoints = [c for c in store.list_checkpoints(run_id) if done and c.iteration <= done[-1]]
+    if not checkpoints:
+        return GRPOTrainer(CandidateScorerPolicy(seed=seed), GRPOConfig(seed=seed)), 0
+    # The newest checkpoint holds the policy after the last done iteration (an iteration that
+    # changed nothing stores no new version).
+    latest = max(checkpoints, key=lambda c: (c.iteration, c.created_at))
+    return load_checkpoint(store, run_id, latest.policy_version, seed=seed), done[-1] + 1
+
+
+def finish_iteration(
+    store: TrajectoryStore,
+    trainer: GRPOTrainer,
+    *,
+    run_id: str,
+    iteration: int,
+    batch: Sequence[Trajectory],
+    trainable: Sequence[Trajectory],
+    quarantined: bool,
+    wall_s: float,
+    gate_reason: str | None = None,
+    extra_metrics: Mapping[str, float] | None = None,
+    update: Callable[[GRPOTrainer, list[Trajectory]], UpdateMetrics] | None = None,
+    policy_lag: int = 0,
+    stale_dropped: int = 0,
+) -> IterationSummary:
+    """Update on `trainable` (the committed, non-quarantined part of `batch`), checkpoint, and
+    write the completion marker with the metrics. `update` lets a caller wrap the update (the
+    flow runs it as a Prefect task)."""
+    version_before = trainer.policy.version
+    values: dict[str, float | None] = {}
+    if trainable:
+        metrics = (update or GRPOTrainer.update)(trainer, list(trainable))
+        values.update(metrics.as_dict())
+    values.update(extra_metrics or {})
+    values.update(
+        policy_lag=float(policy_lag), stale_dropped=float(stale_dropped), rollout_wall_s=wall_s
+    )
+    save_checkpoint(
+        trainer,
+        store,
+        run_id=run_id,
+        iteration=iteration,
+        trained_on_iterations=[iteration] if trainable else [],
+        n_episodes=len(trainable),
+        parent_policy_version=version_before,
+    )
+    store.record_metrics(run_id, iteration, values, source=ITERATION_DONE_SOURCE)
+    rewards = [t.reward for t in batch if t.trainable and t.reward is not None]
+    return IterationSummary(
+        iteration=iteration,
+        episodes=len(batch),
+        reward_mean=sum(rewards) / len(rewards) if rewards else 0.0,
+        pass_rate=sum(1 for r in rewards if r >= 1.0) / len(rewards) if rewards else 0.0,
+        infra_errors=sum(1 for t in batch if not t.trainable),
+        policy_version=trainer.policy.version,
+        quarantined=quarantined,
+        wall_s=wall_s,
+        gate_reason=gate_reason,
+        max_policy_lag=policy_lag,
+        stale_dropped=stale_dropped,
+    )
