@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -22,6 +23,9 @@ from pathlib import Path
 TASKS_PER_ITERATION = 8
 GROUP_SIZE = 4
 SHARDS = 4
+RUN_ID = "bench"
+"""Every compared run uses one run id (in its own store): episode ids, and so the sampled
+actions, are then the same on both sides."""
 
 
 def _warm_worker() -> int:
@@ -30,21 +34,23 @@ def _warm_worker() -> int:
     return os.getpid()
 
 
-def _bare_shard(request, store_root: str) -> int:  # type: ignore[no-untyped-def]
+def _bare_shard(request, store_root: str):  # type: ignore[no-untyped-def]
     from training.rollout import rollout_shard_and_commit
 
-    return len(rollout_shard_and_commit(request, store_root).trajectories)
+    return rollout_shard_and_commit(request, store_root).trajectories
 
 
 def bare_loop(
     task_dirs: list[Path], store: Path, iterations: int, workers: int, max_steps: int
 ) -> float:
-    """Episodes/s of a plain process pool over the same shards (sync iterations, no Prefect)."""
+    """Episodes/s of a plain process pool over the same shards, with the same GRPO update
+    between iterations (so both sides run the same episodes), no Prefect, Dask or gate."""
     from training.episode import EpisodeConfig
+    from training.grpo import GRPOConfig, GRPOTrainer
     from training.rollout import plan_iteration
     from training.scorer_policy import CandidateScorerPolicy
 
-    policy = CandidateScorerPolicy()
+    trainer = GRPOTrainer(CandidateScorerPolicy(seed=0), GRPOConfig(seed=0))
     with concurrent.futures.ProcessPoolExecutor(workers) as pool:
         for future in [pool.submit(_warm_worker) for _ in range(workers * 2)]:
             future.result()
@@ -53,16 +59,19 @@ def bare_loop(
         for iteration in range(iterations):
             requests = plan_iteration(
                 task_dirs,
-                run_id="bare",
+                run_id=RUN_ID,
                 iteration=iteration,
-                policy=policy,
+                policy=trainer.policy,
                 tasks_per_iteration=TASKS_PER_ITERATION,
                 group_size=GROUP_SIZE,
                 shard_count=SHARDS,
                 episode_config=EpisodeConfig(max_steps=max_steps),
                 schedule="round_robin",
             )
-            episodes += sum(pool.map(_bare_shard, requests, [str(store)] * len(requests)))
+            outcomes = list(pool.map(_bare_shard, requests, [str(store)] * len(requests)))
+            trajectories = [t for outcome in outcomes for t in outcome]
+            episodes += len(trajectories)
+            trainer.update(trajectories)
         return episodes / (time.monotonic() - started)
 
 
@@ -139,17 +148,19 @@ def main() -> int:
             address,
             args.max_steps,
             "round_robin",
-            "flow",
+            RUN_ID,
         )
         print(f"train flow:        {flow_eps:.3f} episodes/s", flush=True)
-        # Scheduling: same tasks, durations now known from the store of the run above.
-        store = workdir / "flow-store"
-        _, rr_walls = flow_run(
-            tasks_root, store, args.iterations, address, args.max_steps, "round_robin", "rr"
-        )
-        _, lpt_walls = flow_run(
-            tasks_root, store, args.iterations, address, args.max_steps, "longest_first", "lpt"
-        )
+        # Scheduling: the same episodes twice, each from a copy of that store, so longest-first
+        # predicts durations from the same history and both runs do identical work.
+        walls = {}
+        for schedule in ("round_robin", "longest_first"):
+            store = workdir / f"{schedule}-store"
+            shutil.copytree(workdir / "flow-store", store, dirs_exist_ok=True)
+            _, walls[schedule] = flow_run(
+                tasks_root, store, args.iterations, address, args.max_steps, schedule, "schedule"
+            )
+        rr_walls, lpt_walls = walls["round_robin"], walls["longest_first"]
 
     ratio = flow_eps / bare_eps
     print(f"\nflow / bare = {ratio:.2f}  (target >= 0.85: {'PASS' if ratio >= 0.85 else 'FAIL'})")
