@@ -12,12 +12,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import tomli_w
 
+from tasks_lib.errors import GenerationError
 from tasks_lib.model import DEFAULT_WORKSPACE_DIR, HARBOR_FORMAT_VERSION
 
 DEFAULT_DOCKERFILE = """\
@@ -118,3 +119,26 @@ def write_task(files: TaskFiles, task_dir: str | Path) -> Path:
         shutil.rmtree(target)
     tmp.rename(target)
     return target
+
+
+def write_numbered_tasks(
+    out_dir: str | Path,
+    count: int,
+    *,
+    write_one: Callable[[int, Path], Path],
+    name: Callable[[int], str],
+    progress: Callable[[int, Path], None] | None = None,
+) -> list[Path]:
+    """Write tasks 0..count-1 of a family under `out_dir`: `write_one(index, task_dir)` writes
+    one, `name(index)` names its directory. Task N is the same whatever the count."""
+    if count < 1:
+        raise GenerationError(f"count must be at least 1, got {count}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for index in range(count):
+        path = write_one(index, out / name(index))
+        written.append(path)
+        if progress is not None:
+            progress(index, path)
+    return written

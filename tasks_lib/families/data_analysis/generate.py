@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from tasks_lib.authoring.writer import TaskFiles, write_task
+from tasks_lib.authoring.writer import TaskFiles, write_numbered_tasks, write_task
 from tasks_lib.errors import GenerationError
 
 FAMILY = "data_analysis"
@@ -398,14 +398,10 @@ def generate_data_analysis_tasks(
     progress: Callable[[int, Path], None] | None = None,
 ) -> list[Path]:
     """Write `count` data-analysis tasks under `out_dir` (one directory per task id)."""
-    if count < 1:
-        raise GenerationError(f"count must be at least 1, got {count}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for index in range(count):
-        path = write_data_task(plan_data_task(seed, index), out / f"data-{seed}-{index:04d}")
-        written.append(path)
-        if progress is not None:
-            progress(index, path)
-    return written
+    return write_numbered_tasks(
+        out_dir,
+        count,
+        write_one=lambda index, task_dir: write_data_task(plan_data_task(seed, index), task_dir),
+        name=lambda index: f"data-{seed}-{index:04d}",
+        progress=progress,
+    )

@@ -21,8 +21,7 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
-from tasks_lib.authoring.writer import TaskFiles, write_task
-from tasks_lib.errors import GenerationError
+from tasks_lib.authoring.writer import TaskFiles, write_numbered_tasks, write_task
 
 FAMILY = "ops"
 SCENARIOS = ("bad_config", "permissions", "failing_migration", "crash_loop")
@@ -429,14 +428,10 @@ def generate_ops_tasks(
     progress: Callable[[int, Path], None] | None = None,
 ) -> list[Path]:
     """Write `count` ops tasks under `out_dir` (one directory per task id)."""
-    if count < 1:
-        raise GenerationError(f"count must be at least 1, got {count}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for index in range(count):
-        path = write_ops_task(plan_ops_task(seed, index), out / f"ops-{seed}-{index:04d}")
-        written.append(path)
-        if progress is not None:
-            progress(index, path)
-    return written
+    return write_numbered_tasks(
+        out_dir,
+        count,
+        write_one=lambda index, task_dir: write_ops_task(plan_ops_task(seed, index), task_dir),
+        name=lambda index: f"ops-{seed}-{index:04d}",
+        progress=progress,
+    )
