@@ -156,6 +156,14 @@ class Sandbox(abc.ABC):
         self._closed = True
         self._close()
 
+    def _timeout_for(self, timeout_s: float | None) -> float:
+        """The wall-clock limit of one `execute`: its argument, else `Limits.wall_time_s`."""
+        if timeout_s is None:
+            return self.limits.wall_time_s
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
+        return timeout_s
+
     def _check_open(self, operation: str) -> None:
         if self._closed:
             raise SandboxClosedError(

@@ -225,10 +225,7 @@ class BwrapSandbox(Sandbox):
     ) -> ExecResult:
         self._check_open("execute")
         assert self._cgroup is not None
-        if timeout_s is None:
-            timeout_s = self.limits.wall_time_s
-        if not timeout_s > 0:
-            raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
+        timeout_s = self._timeout_for(timeout_s)
         cpu_time_s = max(1, int(-(-self.limits.cpu_time_s // 1)))
         seccomp_fd = host.seccomp_fd()
         status_read, status_write = os.pipe()

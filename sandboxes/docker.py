@@ -430,10 +430,7 @@ class DockerSandbox(Sandbox):
         env: Mapping[str, str] | None = None,
     ) -> ExecResult:
         self._check_open("execute")
-        if timeout_s is None:
-            timeout_s = self.limits.wall_time_s
-        if not timeout_s > 0:
-            raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
+        timeout_s = self._timeout_for(timeout_s)
         if isinstance(command, str):
             inner = ["/bin/sh", "-c", command]
         else:
