@@ -41,6 +41,7 @@ from training.actions import (
     TryEdit,
     failing_test_count,
 )
+from training.proposers import DOMAIN_FEATURE_NAMES, domain_proposer_for
 
 DEFAULT_TEST_COMMAND = "python -m pytest -q"
 LIST_FILES_COMMAND = "find . -name '*.py' -not -path '*/.*' | sort"
@@ -103,6 +104,8 @@ FEATURE_NAMES: tuple[str, ...] = (
     "step_fraction",
     "trials_reverted_scaled",
     "last_trial_kept",
+    # the other domains' proposers (`training.proposers`): a block of their own
+    *DOMAIN_FEATURE_NAMES,
 )
 FEATURE_COUNT = len(FEATURE_NAMES)
 _FEATURE_INDEX = {name: index for index, name in enumerate(FEATURE_NAMES)}
@@ -713,7 +716,12 @@ def propose_candidates(history: History) -> list[Candidate]:
 
     Deterministic: the same history gives the same candidates in the same order (the trainer
     and the tests rely on it). Never empty. Once the tests pass, submitting is all that is
-    left; before then it is offered once the tests have run or a trial was made."""
+    left; before then it is offered once the tests have run or a trial was made.
+
+    Tasks of another domain (a data question, a failing service) go to its proposer in
+    `training.proposers`."""
+    if (domain := domain_proposer_for(history)) is not None:
+        return domain(history)
     situation = _read_situation(history)
     failure = situation.failure
     submit = Candidate(
