@@ -3,8 +3,10 @@
 From one run it prints: steps/s committed through `TrajectoryStore.commit_iteration_shard` against
 the same records written as JSONL (one trajectory per line with its steps nested, as peer systems
 dump rollouts); a reward-curve query over all steps (DuckDB over the store) against pandas over
-the JSONL; and the peak resident memory of each query process. Both writers start from the same
-in-memory Python records, generated shard by shard outside the timed sections.
+the JSONL; and the peak resident memory of each query process. Both writers get the same
+in-memory Python records (episodes with their steps nested), generated shard by shard outside the
+timed sections; each store commit is complete (both tables committed, exactly once) when the call
+returns, and neither side syncs to disk.
 
     python benchmarks/store.py                 # 10 million steps (a few minutes, a few GB of disk)
     python benchmarks/store.py --steps 200000  # a quick check
@@ -190,16 +192,16 @@ def main() -> int:
             jsonl.flush()
             jsonl_s += time.perf_counter() - start
 
+            # The very records the JSONL writer dumped: episodes with their steps nested.
             start = time.perf_counter()
-            episodes = [{k: v for k, v in r.items() if k != "steps"} for r in records]
-            steps = [step for r in records for step in r["steps"]]
-            store.commit_iteration_shard(RUN_ID, iteration, shard, episodes=episodes, steps=steps)
+            store.commit_iteration_shard(RUN_ID, iteration, shard, episodes=records)
             store_s += time.perf_counter() - start
 
             # The same shard handed over as Arrow tables, as a rollout loop that buffers columns
             # would; building them stays outside the clock.
+            episodes = [{k: v for k, v in r.items() if k != "steps"} for r in records]
             episode_table = pa.Table.from_pylist(episodes)
-            step_table = pa.Table.from_pylist(steps)
+            step_table = pa.Table.from_pylist([step for r in records for step in r["steps"]])
             start = time.perf_counter()
             columnar_store.commit_iteration_shard(
                 RUN_ID, iteration, shard, episodes=episode_table, steps=step_table

@@ -24,6 +24,7 @@ from storage.store import (
     GateResult,
     IterationStatus,
     TrajectoryStore,
+    VacuumResult,
 )
 
 __all__ = [
@@ -48,5 +49,6 @@ __all__ = [
     "StoreNotFoundError",
     "TableSpec",
     "TrajectoryStore",
+    "VacuumResult",
     "episode_id_for",
 ]

@@ -62,7 +62,7 @@ class NamedQuery:
     sql: str
 
 
-_QUERIES = (
+_QUERIES: tuple[NamedQuery, ...] = (
     NamedQuery(
         "reward_curve",
         "Per run and iteration: episodes, mean reward, pass rate, reward quantiles, mean steps.",

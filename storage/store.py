@@ -15,7 +15,24 @@ the shard's application transaction id in the same commit. The episodes commit i
   orphans, and every read of `steps` leaves their files out (decided from the Delta log's file
   statistics, without scanning data);
 - two writers of the same shard: the second episodes commit fails Delta's conflict check on the
-  transaction id, so exactly one wins, and the loser's steps are orphans.
+  transaction id, so exactly one wins, and the loser's steps are orphans (`vacuum` removes them
+  from the table).
+
+How a table write goes, and why (ingest speed). The store writes each shard's rows itself as one
+zstd Parquet file per table (pyarrow; partition columns in the directory name and the log, as Delta
+writers lay them out) and registers it with `DeltaTable.create_write_transaction`, one Delta commit
+carrying the add action, its file statistics and the transaction id. Measured per commit at about
+500 commits, `write_deltalake` took 45-145 ms; the commit itself now takes about 8-15 ms. What a
+commit costs in delta-rs is mostly replaying the table's state: it reloads the state from the last
+checkpoint (so `delta.checkpointInterval` is 10: longer intervals replay more JSON, shorter ones
+write checkpoints too often), and it parses every live file's statistics, so the two big tables keep
+statistics for the two columns the store reads from the log only (`_STATS_COLUMNS`). Our own handle
+does not advance after such a commit and a commit on a stale handle costs several times more (its
+conflict check replays each newer commit), so each shard commit first catches both handles up with
+`update_incremental`, in helper threads while the calling thread converts the records (Delta's
+replay releases the GIL); the episodes file is likewise encoded while the steps commit runs. What
+is left per shard is the Python-to-Arrow conversion (the records arrive as Python objects), the
+steps file and the two commits, which must run one after the other.
 
 Reads take one snapshot of every table when a reader is made (`connect`, `read_*`), so a query never
 mixes versions. DuckDB scans the tables as Arrow datasets (its delta extension needs a download).
@@ -27,24 +44,29 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
+from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Transaction
+from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import AddAction, RemoveAction
 
 from storage.errors import (
     CheckpointNotFoundError,
@@ -56,7 +78,7 @@ from storage.errors import (
     StoreNotFoundError,
 )
 from storage.queries import DERIVED_VIEWS, NAMED_QUERIES
-from storage.records import TableInput, conform
+from storage.records import NESTED_STEPS, TableInput, conform, unnest_steps
 from storage.schemas import (
     CHECKPOINTS,
     EPISODES,
@@ -75,16 +97,33 @@ if TYPE_CHECKING:
     import duckdb
 
 DEFAULT_ROOT = ".rollyard"
+_NESTED = frozenset({NESTED_STEPS})
 # Delta retries a commit that lost a race to a non-conflicting one; many parallel shard writers
 # need more than the library default.
 MAX_COMMIT_RETRIES = 100
 _CHECKPOINT_BLOBS = "checkpoint_blobs"
 # Replaying the JSON log of a partitioned table made each commit slower as commits accumulated
 # (20 ms -> 60 ms per commit by the 300th with the default interval of 100); a checkpoint every
-# 10 commits kept it at 8-18 ms.
+# 10 commits kept it at 8-18 ms. Measured again with the store's own commits at 500 commits:
+# interval 10 beat 1, 2, 5 and 25.
 _TABLE_CONFIGURATION = {"delta.checkpointInterval": "10"}
-# Explicit zstd: smaller files than the default and, measured here, half its write time.
-_WRITER_PROPERTIES = WriterProperties(compression="ZSTD")
+# Every Delta commit and log replay parses the statistics of every live file, so their size sets
+# the commit cost of the two big tables (measured at 500 commits: 13 ms with two stats columns,
+# 27 ms with all 30). They keep statistics only for the columns the store reads from the log
+# (which shard and commit attempt a file holds); partition values already prune by run and
+# iteration. Other tables keep statistics on every column.
+_STATS_COLUMNS: dict[str, tuple[str, ...]] = {
+    "episodes": ("shard", "commit_id"),
+    "steps": ("shard", "commit_id"),
+}
+# After each commit Delta writes a checkpoint when the table's interval says so; old log files
+# are only removed past the default retention.
+_POST_COMMIT = PostCommitHookProperties(create_checkpoint=True)
+# Dictionary encoding where it pays (repeated ids and kinds); off for columns of mostly distinct
+# values, where it costs write time and saves nothing. True means every column.
+_DICTIONARY_COLUMNS: dict[str, bool | list[str]] = {
+    "steps": ["episode_id", "commit_id", "shard", "action_kind", "action_text", "observation"],
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +137,16 @@ class CommitResult:
     commit_id: str | None
     n_episodes: int
     n_steps: int
+
+
+@dataclass(frozen=True, slots=True)
+class VacuumResult:
+    """What `TrajectoryStore.vacuum` did: steps files removed from the table (and their rows),
+    and files Delta's vacuum deleted from storage."""
+
+    removed_files: tuple[str, ...]
+    removed_rows: int
+    deleted_files: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +186,15 @@ class CheckpointInfo:
     created_at: datetime
 
 
+def _table_configuration(spec: TableSpec) -> dict[str, str | None]:
+    configuration: dict[str, str | None] = dict(_TABLE_CONFIGURATION)
+    columns = _STATS_COLUMNS.get(spec.name)
+    if columns is not None:
+        # Tells other Delta writers (compaction, say) to collect the same statistics.
+        configuration["delta.dataSkippingStatsColumns"] = ",".join(columns)
+    return configuration
+
+
 def _app_id(*parts: object) -> str:
     # JSON keeps the parts unambiguous whatever characters a run id holds.
     return "rollyard:" + json.dumps([str(part) for part in parts], separators=(",", ":"))
@@ -149,6 +207,90 @@ def _now() -> datetime:
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+def _escape_partition(value: str) -> str:
+    """A partition value as a directory name (percent-encoded, as Hive and Delta writers do).
+
+    Only cosmetic: readers take partition values from the log, so an over-long value is cut and
+    given a digest to keep file names within filesystem limits.
+    """
+    escaped = quote(value, safe="-_.~")
+    if len(escaped) > 120:
+        import hashlib
+
+        escaped = escaped[:80] + "-" + hashlib.sha256(value.encode()).hexdigest()[:16]
+    return escaped
+
+
+def _stat_value(value: Any) -> Any:
+    """A Parquet statistic as a Delta stats JSON value, or None where it cannot be one."""
+    if isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, str):
+        # Long strings would need Delta's truncation rules for max values; skip them.
+        return value if len(value) <= 64 else None
+    if isinstance(value, datetime):
+        # Delta statistics are UTC; a timestamp without a zone is taken as UTC, as Delta does.
+        value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
+    return None
+
+
+def _file_stats(metadata: pq.FileMetaData, schema: pa.Schema, columns: Sequence[str] | None) -> str:
+    """Delta file statistics (numRecords, min/max, null counts) from the written file's footer.
+
+    For `columns`, or every top-level primitive column when None; a column without usable
+    statistics in some row group gets none (readers then simply cannot skip on it).
+    """
+    wanted = {
+        name
+        for name in (schema.names if columns is None else columns)
+        if name in schema.names and not pa.types.is_nested(schema.field(name).type)
+    }
+    minimum: dict[str, Any] = {}
+    maximum: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    unknown: set[str] = set()
+    for group_index in range(metadata.num_row_groups):
+        group = metadata.row_group(group_index)
+        for column_index in range(group.num_columns):
+            column = group.column(column_index)
+            name = column.path_in_schema
+            if name not in wanted or name in unknown:
+                continue
+            statistics = column.statistics
+            if statistics is None or not statistics.has_null_count:
+                unknown.add(name)
+                continue
+            nulls[name] = nulls.get(name, 0) + statistics.null_count
+            if not statistics.has_min_max:
+                if statistics.null_count != group.num_rows:
+                    unknown.add(name)
+                continue
+            low, high = _stat_value(statistics.min), _stat_value(statistics.max)
+            if low is None or high is None:
+                unknown.add(name)
+                continue
+            if name not in minimum or low < minimum[name]:
+                minimum[name] = low
+            if name not in maximum or high > maximum[name]:
+                maximum[name] = high
+    for name in unknown:
+        minimum.pop(name, None)
+        maximum.pop(name, None)
+        nulls.pop(name, None)
+    return json.dumps(
+        {
+            "numRecords": metadata.num_rows,
+            "minValues": minimum,
+            "maxValues": maximum,
+            "nullCount": nulls,
+        },
+        separators=(",", ":"),
+    )
 
 
 class TrajectoryStore:
@@ -184,6 +326,8 @@ class TrajectoryStore:
             self.root = str(path)
         # Open table handles, per thread: a handle is not meant to be shared across threads.
         self._local = threading.local()
+        # Partition directories known to exist (local roots), so writes skip the mkdir.
+        self._directories: set[tuple[str, str]] = set()
 
     def __repr__(self) -> str:
         return f"TrajectoryStore({self.root!r})"
@@ -197,9 +341,34 @@ class TrajectoryStore:
         """Where table `name` lives (a local path or a URI)."""
         return f"{self.root}/{name}"
 
+    def _handles(self) -> dict[str, DeltaTable]:
+        """This thread's open table handles by table name."""
+        handles: dict[str, DeltaTable] = self._local.__dict__.setdefault("handles", {})
+        return handles
+
     def _open(self, spec: TableSpec, *, create: bool) -> DeltaTable | None:
         """The table's handle at its latest version, or None if absent and `create` is False."""
-        handles: dict[str, DeltaTable] = self._local.__dict__.setdefault("handles", {})
+        return self._open_in(self._handles(), spec, create=create)[0]
+
+    def _open_in(
+        self,
+        handles: dict[str, DeltaTable],
+        spec: TableSpec,
+        *,
+        create: bool,
+        app_id: str | None = None,
+    ) -> tuple[DeltaTable | None, int | None]:
+        """`_open` with the calling thread's handles passed in, so a helper thread can catch a
+        handle up while its owner waits for it; also the table's version of `app_id`, if given
+        and recorded."""
+        table = self._catch_up(handles, spec, create=create)
+        if table is None or app_id is None:
+            return table, None
+        return table, table.transaction_version(app_id)
+
+    def _catch_up(
+        self, handles: dict[str, DeltaTable], spec: TableSpec, *, create: bool
+    ) -> DeltaTable | None:
         cached = handles.get(spec.name)
         if cached is not None:
             # Catching up on new log entries is far cheaper than opening the table again.
@@ -223,7 +392,7 @@ class TrajectoryStore:
                     mode="ignore",
                     name=spec.name,
                     description=spec.description,
-                    configuration=_TABLE_CONFIGURATION,
+                    configuration=_table_configuration(spec),
                     storage_options=options,
                 )
             except Exception:
@@ -268,24 +437,102 @@ class TrajectoryStore:
 
     def _write(
         self,
-        table_or_uri: DeltaTable | str,
+        table: DeltaTable,
         data: pa.Table,
         *,
+        spec: TableSpec,
         app_id: str | None = None,
         app_version: int = 1,
         metadata: Mapping[str, str] | None = None,
+        name: str | None = None,
+        partition: Mapping[str, Any] | None = None,
+        written: AddAction | None = None,
     ) -> None:
-        write_deltalake(
-            table_or_uri,
-            data,
-            mode="append",
-            writer_properties=_WRITER_PROPERTIES,
-            storage_options=self._storage_options or None,
+        """Write `data` as one Parquet file and add it to the table in one Delta commit.
+
+        The commit carries the application transaction `app_id` when given. `data` holds one
+        partition (every caller writes one key's rows). `written` is the file when it was already
+        written with `_write_file`. A writer killed before the commit leaves only a file the log
+        does not reference, which no reader sees.
+        """
+        add = written or self._write_file(spec, data, name or uuid.uuid4().hex, partition)
+        table.create_write_transaction(
+            [add],
+            "append",
+            self._delta_schema(spec, table),
+            list(spec.partition_by) or None,
             commit_properties=CommitProperties(
                 custom_metadata=dict(metadata or {}),
                 max_commit_retries=MAX_COMMIT_RETRIES,
                 app_transactions=[Transaction(app_id, app_version)] if app_id else None,
             ),
+            post_commithook_properties=_POST_COMMIT,
+        )
+
+    def _delta_schema(self, spec: TableSpec, table: DeltaTable) -> DeltaSchema:
+        schemas: dict[str, DeltaSchema] = self._local.__dict__.setdefault("schemas", {})
+        schema = schemas.get(spec.name)
+        if schema is None:
+            schema = schemas[spec.name] = table.schema()
+        return schema
+
+    def _write_file(
+        self,
+        spec: TableSpec,
+        data: pa.Table,
+        name: str,
+        partition: Mapping[str, Any] | None = None,
+    ) -> AddAction:
+        """Write `data` as one Parquet file inside the table's directory; the action adding it.
+
+        Laid out as Delta writers do: partition columns live in the directory name and the log's
+        partition values, not in the file. `partition` gives their values when the caller knows
+        them (the commit key, already checked on every row).
+        """
+        partition_values: dict[str, str | None] = {}
+        directory = ""
+        if spec.partition_by:
+            if data.num_rows == 0:
+                raise CommitError(f"{self.table_uri(spec.name)}: no rows to write")
+            for column in spec.partition_by:
+                if partition is not None:
+                    value = partition[column]
+                else:
+                    values = data.column(column)
+                    value = values[0].as_py()
+                    if pc.count_distinct(values).as_py() != 1:
+                        raise CommitError(
+                            f"{self.table_uri(spec.name)}: one write must hold one {column}"
+                        )
+                partition_values[column] = str(value)
+                directory += f"{column}={_escape_partition(str(value))}/"
+            data = data.drop_columns(list(spec.partition_by))
+        relative = f"{directory}part-{name}.zstd.parquet"
+        sink = pa.BufferOutputStream()
+        collector: list[pq.FileMetaData] = []
+        pq.write_table(
+            data,
+            sink,
+            compression="zstd",
+            use_dictionary=_DICTIONARY_COLUMNS.get(spec.name, True),
+            write_statistics=True,
+            metadata_collector=collector,
+        )
+        payload = sink.getvalue()
+        filesystem = self._filesystem(self.table_uri(spec.name))
+        if directory and not self._remote and (spec.name, directory) not in self._directories:
+            filesystem.create_dir(directory.rstrip("/"), recursive=True)
+            self._directories.add((spec.name, directory))
+        with filesystem.open_output_stream(relative) as stream:
+            stream.write(payload)
+        return AddAction(
+            # The path as on the filesystem: delta-rs percent-encodes it into the log.
+            path=relative,
+            size=payload.size,
+            partition_values=partition_values,
+            modification_time=int(time.time() * 1000),
+            data_change=True,
+            stats=_file_stats(collector[0], data.schema, _STATS_COLUMNS.get(spec.name)),
         )
 
     def _append_once(
@@ -300,7 +547,7 @@ class TrajectoryStore:
         try:
             # Writing through the handle read above makes a concurrent commit of the same app id
             # a conflict instead of a second copy.
-            self._write(table, data, app_id=app_id, app_version=app_version)
+            self._write(table, data, spec=spec, app_id=app_id, app_version=app_version)
         except CommitFailedError as error:
             fresh = self._open(spec, create=False)
             done = fresh.transaction_version(app_id) if fresh is not None else None
@@ -324,38 +571,71 @@ class TrajectoryStore:
     ) -> CommitResult:
         """Commit one shard of an iteration's rollouts, exactly once.
 
-        `episodes` and `steps` are records, mappings, Arrow tables or Parquet file paths. Calling
-        this again for the same (run_id, iteration, shard) writes nothing and returns
-        `committed=False`, whatever the data.
+        `episodes` and `steps` are records, mappings, Arrow tables or Parquet file paths. Episode
+        mappings may instead carry their steps nested under "steps" (a nested step may leave out
+        `episode_id`). Calling this again for the same (run_id, iteration, shard) writes nothing
+        and returns `committed=False`, whatever the data.
         """
         source = f"shard (run_id={run_id!r}, iteration={iteration}, shard={shard})"
         commit_id = uuid.uuid4().hex[:20]
         key = {"run_id": run_id, "iteration": iteration, "shard": shard}
         overwrite = {"commit_id": commit_id}
-        episode_table = conform(
-            EPISODES, episodes, key=key, overwrite=overwrite, source=f"episodes of {source}"
-        )
-        step_table = conform(
-            STEPS, steps, key=key, overwrite=overwrite, source=f"steps of {source}"
-        )
-        _check_shard(episode_table, step_table, source)
-        step_table = _cap_observations(step_table)
-
+        # Both table handles catch up on the log in helper threads (Delta's log replay releases
+        # the GIL), and the episodes table is asked whether the shard is in, while this thread
+        # converts and checks the records.
         app_id = _app_id("shard", run_id, iteration, shard)
+        handles = self._handles()
+        catching_up = [
+            _helpers().submit(self._open_in, handles, EPISODES, create=False, app_id=app_id),
+            _helpers().submit(self._open_in, handles, STEPS, create=False),
+        ]
+        try:
+            episode_table, step_table = self._shard_tables(
+                episodes, steps, key=key, overwrite=overwrite, source=source
+            )
+        finally:
+            wait(catching_up)
+        (episodes_table, done), (steps_table, _) = (future.result() for future in catching_up)
         result = CommitResult(
             run_id, iteration, shard, False, None, episode_table.num_rows, step_table.num_rows
         )
-        episodes_table = self._open(EPISODES, create=True)
-        assert episodes_table is not None
-        if episodes_table.transaction_version(app_id) is not None:
+        if done is not None:
             return result
+        if episodes_table is None:
+            episodes_table, _ = self._open_in(handles, EPISODES, create=True)
+            assert episodes_table is not None
         metadata = {"rollyard.shard": app_id, "rollyard.commit_id": commit_id}
-        if step_table.num_rows:
-            steps_table = self._open(STEPS, create=True)
-            assert steps_table is not None
-            self._write(steps_table, step_table, metadata=metadata)
+        partition = {"run_id": run_id, "iteration": iteration}
+        # The episodes file is encoded while the steps commit runs; it stays invisible until the
+        # episodes commit, the commit point, adds it.
+        episodes_file = _helpers().submit(
+            self._write_file, EPISODES, episode_table, commit_id, partition
+        )
         try:
-            self._write(episodes_table, episode_table, app_id=app_id, metadata=metadata)
+            if step_table.num_rows:
+                if steps_table is None:
+                    steps_table, _ = self._open_in(handles, STEPS, create=True)
+                assert steps_table is not None
+                self._write(
+                    steps_table,
+                    step_table,
+                    spec=STEPS,
+                    metadata=metadata,
+                    name=commit_id,
+                    partition=partition,
+                )
+        finally:
+            wait([episodes_file])
+        written = episodes_file.result()
+        try:
+            self._write(
+                episodes_table,
+                episode_table,
+                spec=EPISODES,
+                app_id=app_id,
+                metadata=metadata,
+                written=written,
+            )
         except CommitFailedError as error:
             fresh = self._open(EPISODES, create=False)
             if fresh is not None and fresh.transaction_version(app_id) is not None:
@@ -368,12 +648,119 @@ class TrajectoryStore:
             run_id, iteration, shard, True, commit_id, episode_table.num_rows, step_table.num_rows
         )
 
+    def _shard_tables(
+        self,
+        episodes: TableInput,
+        steps: TableInput,
+        *,
+        key: Mapping[str, Any],
+        overwrite: Mapping[str, Any],
+        source: str,
+    ) -> tuple[pa.Table, pa.Table]:
+        """A shard's records as checked episodes and steps tables (steps capped)."""
+        nested = unnest_steps(episodes, f"episodes of {source}")
+        owners: dict[str, list[Any]] | None = None
+        if nested is not None:
+            if not isinstance(steps, pa.Table | pa.RecordBatch | str | os.PathLike) and not steps:
+                steps, owners = nested[0], {"episode_id": nested[1]}
+            else:
+                raise RecordError(
+                    f"{source}: steps given both nested in the episodes and as `steps`; pass "
+                    "them one way"
+                )
+        episode_table = conform(
+            EPISODES,
+            episodes,
+            key=key,
+            overwrite=overwrite,
+            source=f"episodes of {source}",
+            ignore=_NESTED if nested is not None else frozenset(),
+        )
+        step_table = conform(
+            STEPS, steps, key=key, overwrite=overwrite, source=f"steps of {source}", given=owners
+        )
+        _check_shard(episode_table, step_table, source)
+        return episode_table, _cap_observations(step_table)
+
     def is_committed(self, run_id: str, iteration: int, shard: int) -> bool:
         """Whether (run_id, iteration, shard) has been committed."""
         table = self._open(EPISODES, create=False)
         if table is None:
             return False
         return table.transaction_version(_app_id("shard", run_id, iteration, shard)) is not None
+
+    def vacuum(
+        self,
+        *,
+        uncommitted_older_than: timedelta | None = None,
+        retention_hours: int | None = None,
+    ) -> VacuumResult:
+        """Remove steps that no reader will ever see, in one Delta commit on the steps table.
+
+        Always removed: steps files of shard commits that lost, i.e. whose shard is committed
+        under another commit id (a losing concurrent writer, or a killed writer whose shard was
+        replayed); their writer can never commit them. With `uncommitted_older_than`, also steps
+        files of shards not committed at all and older than that (a killed writer's that nobody
+        replayed); pass it only when no writer of those shards can still be running, since a
+        writer between its steps commit and its episodes commit looks just like that.
+
+        Readers hide these files anyway; removing them keeps the raw Delta table (as other
+        engines read it) free of them. The files stay on disk for time travel until Delta's
+        vacuum deletes them: with `retention_hours`, that runs on both tables afterwards and
+        deletes removed files and files never committed (a killed writer's Parquet files) older
+        than that many hours. A running writer's file is uncommitted until its commit, so keep
+        `retention_hours` above the longest a commit can take (0 only with no writer running).
+        """
+        steps = self._open(STEPS, create=False)
+        episodes = self._open(EPISODES, create=False)
+        if steps is None:
+            return VacuumResult((), 0, ())
+        cutoff = None
+        if uncommitted_older_than is not None:
+            cutoff = int((_now() - uncommitted_older_than).timestamp() * 1000)
+        actions = pa.table(steps.get_add_actions(flatten=True))
+        removals: list[AddAction | RemoveAction] = []
+        rows = 0
+        now_ms = int(time.time() * 1000)
+        dead = _dead_step_files(actions, episodes, cutoff)
+        for row in dead:
+            removals.append(
+                RemoveAction(
+                    path=unquote(row["path"]),
+                    data_change=True,
+                    deletion_timestamp=now_ms,
+                    size=row["size_bytes"],
+                    partition_values={
+                        column: str(row[f"partition.{column}"]) for column in STEPS.partition_by
+                    },
+                )
+            )
+            rows += row["num_records"] or 0
+        if removals:
+            steps.create_write_transaction(
+                removals,
+                "append",
+                self._delta_schema(STEPS, steps),
+                list(STEPS.partition_by),
+                commit_properties=CommitProperties(
+                    custom_metadata={"rollyard.operation": "vacuum orphaned steps"},
+                    max_commit_retries=MAX_COMMIT_RETRIES,
+                ),
+                post_commithook_properties=_POST_COMMIT,
+            )
+        deleted: list[str] = []
+        if retention_hours is not None:
+            for table in (steps, episodes):
+                if table is None:
+                    continue
+                table.update_incremental()
+                deleted += table.vacuum(
+                    retention_hours=retention_hours,
+                    enforce_retention_duration=False,
+                    dry_run=False,
+                    full=True,
+                )
+        return VacuumResult(tuple(unquote(r["path"]) for r in dead), rows, tuple(deleted))
 
     def committed_shards(self, run_id: str, iteration: int) -> list[int]:
         """The shards of an iteration that are committed (read from the log, no data scan)."""
@@ -600,9 +987,12 @@ class TrajectoryStore:
             raise RecordError("a review needs a reviewer name; pass reviewer='...'")
         row: dict[str, Any] = dict(self._episode_context(episode_id))
         row.update({k: v for k, v in (context or {}).items() if v is not None})
-        review_id = "review-" + uuid.uuid5(
-            uuid.NAMESPACE_URL, json.dumps([episode_id, reviewer, verdict, note or ""])
-        ).hex
+        review_id = (
+            "review-"
+            + uuid.uuid5(
+                uuid.NAMESPACE_URL, json.dumps([episode_id, reviewer, verdict, note or ""])
+            ).hex
+        )
         row.update(
             review_id=review_id,
             episode_id=episode_id,
@@ -840,6 +1230,22 @@ class TrajectoryStore:
                     ) from error
 
 
+_HELPERS: tuple[int, ThreadPoolExecutor] | None = None
+_HELPERS_LOCK = threading.Lock()
+
+
+def _helpers() -> ThreadPoolExecutor:
+    """This process's helper threads for work that overlaps a commit (made again after a fork)."""
+    global _HELPERS
+    with _HELPERS_LOCK:
+        if _HELPERS is None or _HELPERS[0] != os.getpid():
+            _HELPERS = (
+                os.getpid(),
+                ThreadPoolExecutor(max_workers=2, thread_name_prefix="rollyard-store"),
+            )
+        return _HELPERS[1]
+
+
 def _rebuild_store(root: str, storage_options: Mapping[str, str]) -> TrajectoryStore:
     return TrajectoryStore(root, storage_options=storage_options)
 
@@ -952,6 +1358,42 @@ def _orphan_step_files(steps: DeltaTable, episodes: DeltaTable | None) -> set[st
         if low == high and (run_id, iteration, low) not in committed:
             hidden.add(path)
     return hidden
+
+
+def _dead_step_files(
+    actions: pa.Table, episodes: DeltaTable | None, uncommitted_before_ms: int | None
+) -> list[dict[str, Any]]:
+    """Add actions of steps files no reader will see: of a shard committed under another commit
+    id, or (with `uncommitted_before_ms`) of an uncommitted shard, written before that time."""
+    needed = {"min.commit_id", "max.commit_id", "min.shard", "max.shard"}
+    if actions.num_rows == 0 or not needed <= set(actions.column_names):
+        return []
+    winners: dict[tuple[Any, ...], str] = {}
+    if episodes is not None:
+        episode_actions = pa.table(episodes.get_add_actions(flatten=True))
+        if episode_actions.num_rows and "min.commit_id" in episode_actions.column_names:
+            for run_id, iteration, shard, commit_id in zip(
+                episode_actions["partition.run_id"].to_pylist(),
+                episode_actions["partition.iteration"].to_pylist(),
+                episode_actions["min.shard"].to_pylist(),
+                episode_actions["min.commit_id"].to_pylist(),
+                strict=True,
+            ):
+                winners[(run_id, iteration, shard)] = commit_id
+    dead = []
+    for row in actions.to_pylist():
+        low, high = row["min.commit_id"], row["max.commit_id"]
+        if low is None or low != high or row["min.shard"] != row["max.shard"]:
+            continue  # a compacted file holds committed rows only
+        winner = winners.get(
+            (row["partition.run_id"], row["partition.iteration"], row["min.shard"])
+        )
+        if winner is not None:
+            if winner != low:
+                dead.append(row)
+        elif uncommitted_before_ms is not None and row["modification_time"] < uncommitted_before_ms:
+            dead.append(row)
+    return dead
 
 
 def _checkpoint_info(row: Mapping[str, Any]) -> CheckpointInfo:

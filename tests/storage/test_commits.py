@@ -11,6 +11,7 @@ import textwrap
 import time
 import uuid
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -342,3 +343,132 @@ def test_arrow_and_parquet_inputs(tmp_path: Path) -> None:
         sum(r or 0 for r in store.read_episodes()["reward"].to_pylist()),
         sum(e["reward"] or 0 for e in episodes),
     )
+
+
+# ---- nested records, the written layout, vacuum -------------------------------------------------
+
+
+def test_episodes_with_nested_steps(tmp_path: Path) -> None:
+    store = TrajectoryStore(tmp_path)
+    episodes, steps = make_shard("run", 0, 0, n_episodes=6, max_steps=4)
+    nested = [
+        {**e, "steps": [s for s in steps if s["episode_id"] == e["episode_id"]]} for e in episodes
+    ]
+    # A nested step may leave out its episode id.
+    nested[0]["steps"] = [
+        {k: v for k, v in s.items() if k != "episode_id"} for s in nested[0]["steps"]
+    ]
+    result = store.commit_iteration_shard("run", 0, 0, episodes=nested)
+    assert result.committed and result.n_steps == len(steps)
+    assert assert_consistent(store) == (len(episodes), len(steps))
+    expected = sorted((s["episode_id"], s["step"], s["action_text"]) for s in steps)
+    got = store.read_steps().select(["episode_id", "step", "action_text"]).to_pylist()
+    assert [tuple(r.values()) for r in got] == expected
+
+    owner = next(e for e in nested if e["steps"])
+    wrong = [{**e, "steps": [{**s, "episode_id": "other"} for s in e["steps"]]} for e in [owner]]
+    with pytest.raises(RecordError, match="nested under episode_id"):
+        store.commit_iteration_shard("run", 0, 1, episodes=wrong)
+    with pytest.raises(RecordError, match="one way"):
+        store.commit_iteration_shard("run", 0, 1, episodes=nested, steps=steps)
+    assert not store.is_committed("run", 0, 1)
+
+
+def test_tables_are_plain_delta_tables(tmp_path: Path) -> None:
+    """Other Delta readers see what the store committed: files, partition values, statistics."""
+    from deltalake import DeltaTable
+
+    run_id = "r/ü %x:=?"  # characters that need escaping in paths and in the log
+    store = TrajectoryStore(tmp_path)
+    episodes, steps = make_shard(run_id, 7, 2, n_episodes=5, max_steps=3)
+    result = store.commit_iteration_shard(run_id, 7, 2, episodes=episodes, steps=steps)
+    for name, rows in (("episodes", episodes), ("steps", steps)):
+        table = DeltaTable(str(tmp_path / name))
+        data = table.to_pyarrow_table()
+        assert data.num_rows == len(rows)
+        assert set(data["run_id"].to_pylist()) == {run_id}
+        assert set(data["iteration"].to_pylist()) == {7}
+        actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+        assert len(actions) == 1
+        (action,) = actions
+        assert action["num_records"] == len(rows)
+        assert action["min.commit_id"] == action["max.commit_id"] == result.commit_id
+        assert action["min.shard"] == action["max.shard"] == 2
+        assert table.metadata().configuration["delta.dataSkippingStatsColumns"] == "shard,commit_id"
+
+
+def test_small_tables_keep_statistics_on_every_column(tmp_path: Path) -> None:
+    from datetime import UTC, datetime
+
+    from deltalake import DeltaTable
+
+    store = TrajectoryStore(tmp_path)
+    assert store.record_metrics("run", 3, {"loss": 0.5, "kl": None})
+    (action,) = pa.table(
+        DeltaTable(str(tmp_path / "metrics")).get_add_actions(flatten=True)
+    ).to_pylist()
+    assert action["num_records"] == 2
+    assert action["min.iteration"] == action["max.iteration"] == 3
+    assert action["min.name"] == "kl" and action["max.name"] == "loss"
+    assert action["null_count.value"] == 1
+    recorded = store.query("SELECT max(recorded_at) AS t FROM metrics")["t"][0].as_py()
+    assert isinstance(action["min.recorded_at"], datetime)
+    # Delta keeps timestamps to the millisecond.
+    assert abs(action["min.recorded_at"].replace(tzinfo=UTC) - recorded).total_seconds() < 0.001
+
+
+def crash_after_steps(store: TrajectoryStore, run_id: str, iteration: int, shard: int) -> None:
+    """Commit a shard's steps, then fail before its episodes commit (a crashed writer)."""
+
+    class Crash(Exception):
+        pass
+
+    original = TrajectoryStore._write
+
+    def write_then_crash(self: TrajectoryStore, table: Any, data: pa.Table, **kwargs: Any) -> None:
+        original(self, table, data, **kwargs)
+        if "step" in data.column_names:
+            raise Crash
+
+    episodes, steps = make_shard(run_id, iteration, shard, n_episodes=5, max_steps=3)
+    steps = steps or [
+        {
+            "episode_id": episodes[0]["episode_id"],
+            "step": 0,
+            "action_kind": "run",
+            "action_text": "x",
+        }
+    ]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(TrajectoryStore, "_write", write_then_crash)
+        with pytest.raises(Crash):
+            store.commit_iteration_shard(run_id, iteration, shard, episodes=episodes, steps=steps)
+
+
+def test_vacuum_removes_steps_of_lost_and_abandoned_commits(tmp_path: Path) -> None:
+    from deltalake import DeltaTable
+
+    store = TrajectoryStore(tmp_path)
+    crash_after_steps(store, "run", 0, 0)  # shard 0: its replay below wins
+    crash_after_steps(store, "run", 0, 1)  # shard 1: nobody replays it
+    episodes, steps = make_shard("run", 0, 0)
+    assert store.commit_iteration_shard("run", 0, 0, episodes=episodes, steps=steps).committed
+    raw_steps = lambda: DeltaTable(str(tmp_path / "steps")).to_pyarrow_table().num_rows  # noqa: E731
+    visible = assert_consistent(store)
+    assert raw_steps() > visible[1]  # other engines see the orphans until vacuum
+
+    # Only the loser of shard 0 is certainly dead; shard 1 could be a writer still running.
+    first = store.vacuum()
+    assert len(first.removed_files) == 1 and first.removed_rows > 0
+    assert assert_consistent(store) == visible
+    assert store.vacuum().removed_files == ()
+    second = store.vacuum(uncommitted_older_than=timedelta(0), retention_hours=0)
+    assert len(second.removed_files) == 1
+    assert raw_steps() == visible[1]
+    # Removed files are deleted from disk (and so is the never-committed episodes file).
+    assert len(second.deleted_files) >= 3
+    assert assert_consistent(store) == visible
+    # The abandoned shard can still be committed later.
+    episodes, steps = make_shard("run", 0, 1)
+    assert store.commit_iteration_shard("run", 0, 1, episodes=episodes, steps=steps).committed
+    assert assert_consistent(store)[0] == len(episodes) * 2
