@@ -97,6 +97,9 @@ if TYPE_CHECKING:
     import duckdb
 
 DEFAULT_ROOT = ".rollyard"
+# Tables DuckDB reads with its own Parquet reader in a local store (see `_register`).
+_NATIVE_TABLES = ("episodes", "steps")
+_HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 _NESTED = frozenset({NESTED_STEPS})
 # Delta retries a commit that lost a race to a non-conflicting one; many parallel shard writers
 # need more than the library default.
@@ -1137,22 +1140,51 @@ class TrajectoryStore:
 
     # ---- queries --------------------------------------------------------------------------------
 
-    def _datasets(self, names: Sequence[str] = tuple(TABLES)) -> dict[str, pads.Dataset]:
-        """One snapshot of each named table as an Arrow dataset (empty if the table is absent)."""
+    def _snapshot(self, names: Sequence[str]) -> tuple[dict[str, DeltaTable | None], set[str]]:
+        """Handles of the named tables at their latest version (None if absent), and the steps
+        files readers must leave out (orphans)."""
         tables = {name: self._open(TABLES[name], create=False) for name in names}
         hidden: set[str] = set()
         if "steps" in names and tables["steps"] is not None:
             episodes = tables.get("episodes") or self._open(EPISODES, create=False)
             hidden = _orphan_step_files(tables["steps"], episodes)
-        datasets: dict[str, pads.Dataset] = {}
+        return tables, hidden
+
+    def _datasets(self, names: Sequence[str] = tuple(TABLES)) -> dict[str, pads.Dataset]:
+        """One snapshot of each named table as an Arrow dataset (empty if the table is absent)."""
+        tables, hidden = self._snapshot(names)
+        return {name: self._dataset(name, table, hidden) for name, table in tables.items()}
+
+    def _dataset(self, name: str, table: DeltaTable | None, hidden: set[str]) -> pads.Dataset:
+        spec = TABLES[name]
+        if table is None:
+            return pads.dataset(spec.schema.empty_table())
+        return _snapshot_dataset(spec, table, self._filesystem(self.table_uri(name)), hidden)
+
+    def _register(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        names: Sequence[str],
+    ) -> None:
+        """Make a view per named table on `con`, all from one snapshot taken now.
+
+        The big tables of a local store are read by DuckDB's own Parquet reader over the
+        snapshot's file list (the reward-curve query over 10 million steps took 0.65 s so against
+        0.85-1.0 s through Arrow datasets); the rest, and remote stores, through Arrow datasets.
+        """
+        import duckdb
+
+        tables, hidden = self._snapshot(names)
         for name, table in tables.items():
-            spec = TABLES[name]
-            if table is None:
-                datasets[name] = pads.dataset(spec.schema.empty_table())
-                continue
-            filesystem = self._filesystem(self.table_uri(name))
-            datasets[name] = _snapshot_dataset(spec, table, filesystem, hidden)
-        return datasets
+            if table is not None and name in _NATIVE_TABLES and not self._remote:
+                sql = _parquet_view_sql(TABLES[name], table, self.table_uri(name), hidden)
+                if sql is not None:
+                    try:
+                        con.execute(f"CREATE VIEW {name} AS {sql}")
+                        continue
+                    except duckdb.Error:
+                        pass  # the Arrow dataset below reads what DuckDB's reader cannot
+            con.register(name, self._dataset(name, table, hidden))
 
     def connect(self) -> duckdb.DuckDBPyConnection:
         """A new in-memory DuckDB connection with a view per table and the derived views.
@@ -1162,10 +1194,8 @@ class TrajectoryStore:
         """
         import duckdb
 
-        datasets = self._datasets()
         con = duckdb.connect()
-        for name, dataset in datasets.items():
-            con.register(name, dataset)
+        self._register(con, tuple(TABLES))
         for name, sql in DERIVED_VIEWS.items():
             con.execute(f"CREATE VIEW {name} AS {sql}")
         return con
@@ -1177,8 +1207,7 @@ class TrajectoryStore:
 
         con = duckdb.connect()
         try:
-            for name, dataset in self._datasets(names).items():
-                con.register(name, dataset)
+            self._register(con, names)
             if "gates" in names:
                 con.execute(f"CREATE VIEW gate_verdicts AS {DERIVED_VIEWS['gate_verdicts']}")
             yield con
@@ -1326,6 +1355,54 @@ def _snapshot_dataset(
             )
         )
     return pads.FileSystemDataset(fragments, spec.schema, parquet, filesystem)
+
+
+def _parquet_view_sql(spec: TableSpec, table: DeltaTable, uri: str, hidden: set[str]) -> str | None:
+    """SQL reading the table's live files at the handle's version with DuckDB's Parquet reader,
+    columns in schema order; None where that reader would not see the same rows.
+
+    Partition values come from the directory names (`key=value`, percent-decoded by DuckDB), so
+    every file's directory must decode to the partition values in the log (long values are cut
+    in directory names), and the root must hold no glob characters or `=`. Every file must hold
+    every other column of the schema: true of all files rollyard and delta-rs write for schema v1;
+    a schema change that adds columns must read with `union_by_name` or fall back here.
+    """
+    if table.protocol().min_reader_version > 1 or any(c in uri for c in "*?[]{}="):
+        return None
+    actions = pa.table(table.get_add_actions(flatten=True))
+    if actions.num_rows == 0:
+        return None
+    partition_values = [actions[f"partition.{c}"].to_pylist() for c in spec.partition_by]
+    files = []
+    for index, path in enumerate(actions["path"].to_pylist()):
+        if path in hidden:
+            continue
+        relative = unquote(path)
+        directories = relative.split("/")[:-1]
+        expected = [
+            f"{column}={values[index]}"
+            for column, values in zip(spec.partition_by, partition_values, strict=True)
+        ]
+        if [unquote(d) for d in directories] != expected or _HIVE_NULL in relative:
+            return None  # DuckDB would read the cut value, or that name as null
+        files.append(f"{uri}/{relative}")
+    if not files:
+        return None
+    types = {"string": "VARCHAR", "int64": "BIGINT"}
+    hive_types = []
+    for column in spec.partition_by:
+        duck = types.get(str(spec.schema.field(column).type))
+        if duck is None:
+            return None
+        hive_types.append(f"'{column}': {duck}")
+    listed = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
+    options = (
+        f", hive_partitioning = true, hive_types = {{{', '.join(hive_types)}}}"
+        if spec.partition_by
+        else ", hive_partitioning = false"
+    )
+    columns = ", ".join(f'"{name}"' for name in spec.schema.names)
+    return f"SELECT {columns} FROM read_parquet([{listed}]{options})"
 
 
 def _orphan_step_files(steps: DeltaTable, episodes: DeltaTable | None) -> set[str]:
