@@ -82,6 +82,11 @@ TRIAL_KEPT = "[edit kept"
 TRIAL_REVERTED = "[edit reverted"
 """How a `try_edit` observation's last line starts, so a policy can read the verdict."""
 
+
+def trial_kept(observation_text: str) -> bool:
+    """Whether a `try_edit` observation reports the edit kept (its verdict is the last line)."""
+    return TRIAL_KEPT in observation_text[-200:]
+
 _FAILED_COUNT = re.compile(r"(\d+) (?:failed|errors?)\b")
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from training.actions import TryEdit, trial_kept
 from training.errors import TrainerError
 from training.policy import ScorerRecord
 from training.scorer_policy import CandidateScorerPolicy
@@ -64,6 +65,14 @@ class GRPOConfig:
     training; this ranks a sample that fixed one bug above one that fixed none. Not the
     verifier's partial credit: that counts tests which passed all along, so it pays an untouched
     workspace more than an honest attempt, and the policy learns to submit at once."""
+    trial_credit_weight: float = 0.0
+    """Weight of the per-step credit of trials (`TryEdit`): a trial the environment kept (fewer
+    visible tests failed after it) scores 1, a reverted one 0, centred on the mean of the
+    group's trials, added to that step's advantage. The episode advantage gives every action of
+    an episode the same credit, so the one trial that fixed the bug shares it with the guesses
+    around it; this term tells them apart from the observation the agent itself was shown. It
+    also lets groups whose rewards are all equal teach something when some of their trials were
+    kept (a multi-bug task half fixed). 0 turns it off."""
     min_group_size: int = 2
     """Groups with fewer trainable samples than this are masked (no baseline to compare to)."""
     infra_failures: Literal["mask_group", "drop_samples"] = "mask_group"
@@ -175,6 +184,41 @@ def group_advantages(
     return advantages, stats
 
 
+def trial_credits(
+    trajectories: Sequence[Trajectory], config: GRPOConfig | None = None
+) -> dict[tuple[str, int], float]:
+    """Credit per (episode id, step index) of every trial (`TryEdit`) in groups that train:
+    kept (1) or reverted (0), minus the mean over the trials of its group. Empty when
+    `trial_credit_weight` is 0. Groups with an infra failure (under `mask_group`) or fewer than
+    `min_group_size` trainable samples give nothing, as in `group_advantages`."""
+    config = config or GRPOConfig()
+    if config.trial_credit_weight == 0.0:
+        return {}
+    groups: dict[str, list[Trajectory]] = defaultdict(list)
+    for trajectory in trajectories:
+        groups[trajectory.group_id].append(trajectory)
+    credits: dict[tuple[str, int], float] = {}
+    for members in groups.values():
+        if config.infra_failures == "mask_group" and any(not t.trainable for t in members):
+            continue
+        trainable = [t for t in members if t.trainable]
+        if len(trainable) < config.min_group_size:
+            continue
+        trials = [
+            (trajectory.episode_id, step.index, float(trial_kept(step.observation.text)))
+            for trajectory in trainable
+            for step in trajectory.steps
+            if isinstance(step.action, TryEdit)
+        ]
+        if not trials:
+            continue
+        baseline = math.fsum(kept for _, _, kept in trials) / len(trials)
+        for episode_id, index, kept in trials:
+            if kept != baseline:
+                credits[(episode_id, index)] = kept - baseline
+    return credits
+
+
 def clipped_objective(
     new_logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -214,14 +258,23 @@ class GRPOTrainer:
         self._random = random.Random(self.config.seed)
 
     def _samples(
-        self, trajectories: Sequence[Trajectory], advantages: dict[str, float]
+        self,
+        trajectories: Sequence[Trajectory],
+        advantages: dict[str, float],
+        credits: dict[tuple[str, int], float],
     ) -> list[_Sample]:
+        """One sample per action that carries a signal: every action of an episode with an
+        advantage, plus the credited trials of episodes whose group had none (all rewards
+        equal)."""
         samples = []
+        weight = self.config.trial_credit_weight
         for trajectory in trajectories:
             advantage = advantages.get(trajectory.episode_id)
-            if advantage is None:
-                continue
             for step in trajectory.steps:
+                credit = credits.get((trajectory.episode_id, step.index))
+                if advantage is None and credit is None:
+                    continue
+                step_advantage = (advantage or 0.0) + weight * (credit or 0.0)
                 if not isinstance(step.record, ScorerRecord) or step.logprob is None:
                     raise TrainerError(
                         f"episode {trajectory.episode_id} step {step.index} has no candidate-scorer "
@@ -229,7 +282,9 @@ class GRPOTrainer:
                         "only from trajectories of the built-in policy — export others with "
                         "training.export_batch"
                     )
-                samples.append(_Sample(step.record, step.logprob, advantage, trajectory.episode_id))
+                samples.append(
+                    _Sample(step.record, step.logprob, step_advantage, trajectory.episode_id)
+                )
         return samples
 
     def update(self, trajectories: Sequence[Trajectory]) -> UpdateMetrics:
@@ -237,7 +292,7 @@ class GRPOTrainer:
         config = self.config
         version_before = self.policy.version
         advantages, stats = group_advantages(trajectories, config)
-        samples = self._samples(trajectories, advantages)
+        samples = self._samples(trajectories, advantages, trial_credits(trajectories, config))
         rewards = [t.reward for t in trajectories if t.trainable and t.reward is not None]
         reward_tensor = torch.tensor(rewards, dtype=torch.float64)
         passed = [t for t in trajectories if t.trainable and t.passed]

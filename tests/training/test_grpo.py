@@ -3,6 +3,7 @@ checkpoints."""
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import random
 
@@ -11,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from training.actions import Observation, Submit
+from training.actions import TRIAL_KEPT, TRIAL_REVERTED, Observation, Submit, TryEdit
 from training.candidates import FEATURE_COUNT, FEATURE_NAMES, Candidate
 from training.grpo import (
     GRPOConfig,
@@ -20,6 +21,7 @@ from training.grpo import (
     group_advantages,
     load_checkpoint,
     save_checkpoint,
+    trial_credits,
 )
 from training.policy import ScorerRecord
 from training.scorer_policy import CandidateScorerPolicy
@@ -114,6 +116,63 @@ def test_infra_failures_mask_their_group_or_drop_their_samples() -> None:
     ]
     advantages, stats = group_advantages(small, GRPOConfig(infra_failures="drop_samples"))
     assert advantages == {} and stats.groups_too_small == 1
+
+
+def _trial(index: int, kept: bool) -> Step:
+    verdict = f"{TRIAL_KEPT}: 1 -> 0 failing tests]" if kept else f"{TRIAL_REVERTED}: 1 failing]"
+    action = TryEdit("pkg/a.py", "x < 1", "x <= 1", "python -m pytest -q", 1)
+    return Step(index, action, Observation(f"1 passed\n{verdict}", 0), 0.0, 0.0)
+
+
+def test_trial_credits_tell_kept_trials_from_reverted_ones_within_a_group() -> None:
+    reverted, kept = _trial(0, kept=False), _trial(1, kept=True)
+    batch = [
+        make_trajectory(0, 0, 1.0, steps=(reverted, kept)),
+        make_trajectory(0, 1, 0.0, steps=(reverted, _trial(1, kept=False))),
+        # a zero-variance group still credits its trials: one was kept, three were not
+        make_trajectory(1, 0, 0.0, steps=(reverted, kept)),
+        make_trajectory(1, 1, 0.0, steps=(reverted, reverted)),
+        # a group with an infra failure is masked (mask_group), as for advantages
+        make_trajectory(2, 0, 1.0, steps=(kept,)),
+        make_trajectory(2, 1, None, status=EpisodeStatus.INFRA_ERROR, steps=(reverted,)),
+    ]
+    assert trial_credits(batch) == {}  # off by default
+    credits = trial_credits(batch, GRPOConfig(trial_credit_weight=1.0))
+    first, second, third, _, fifth, _ = (t.episode_id for t in batch)
+    assert credits[(first, 1)] == pytest.approx(0.75) and credits[(first, 0)] == -0.25
+    assert credits[(second, 1)] == -0.25
+    assert credits[(third, 1)] == pytest.approx(0.75)
+    assert not any(key[0] == fifth for key in credits)
+    assert abs(sum(v for k, v in credits.items() if k[0] in (first, second))) < 1e-9
+
+
+def test_trial_credit_trains_groups_whose_rewards_are_all_equal() -> None:
+    policy = CandidateScorerPolicy(seed=0)
+    candidates = _toy_candidates(random.Random(5))
+    good = next(i for i, c in enumerate(candidates) if c.features[_GOOD])
+    bad = (good + 1) % len(candidates)
+    features = tuple(c.features for c in candidates)
+
+    def trial(index: int, chosen: int) -> Step:
+        step = _trial(index, kept=chosen == good)
+        logprob = float(torch.log(torch.tensor(1.0 / len(candidates))))
+        return dataclasses.replace(
+            step, logprob=logprob, record=ScorerRecord(features, chosen)
+        )
+
+    # every sample fails in the end, but the trial at the good candidate was kept
+    batch = [
+        make_trajectory(0, 0, 0.0, steps=(trial(0, good),)),
+        make_trajectory(0, 1, 0.0, steps=(trial(0, bad),)),
+    ]
+    without = GRPOTrainer(CandidateScorerPolicy(seed=0)).update(batch)
+    assert without.optimizer_steps == 0
+    trainer = GRPOTrainer(policy, GRPOConfig(trial_credit_weight=1.0))
+    for _ in range(5):
+        trainer.update(batch)
+    with torch.no_grad():
+        logits = policy.network(torch.tensor(features, dtype=torch.float32))
+    assert int(torch.argmax(logits)) == good
 
 
 def test_clipped_objective_stops_gradient_outside_the_clip_range() -> None:
