@@ -87,6 +87,7 @@ def trial_kept(observation_text: str) -> bool:
     """Whether a `try_edit` observation reports the edit kept (its verdict is the last line)."""
     return TRIAL_KEPT in observation_text[-200:]
 
+
 _FAILED_COUNT = re.compile(r"(\d+) (?:failed|errors?)\b")
 
 

@@ -156,9 +156,7 @@ def test_trial_credit_trains_groups_whose_rewards_are_all_equal() -> None:
     def trial(index: int, chosen: int) -> Step:
         step = _trial(index, kept=chosen == good)
         logprob = float(torch.log(torch.tensor(1.0 / len(candidates))))
-        return dataclasses.replace(
-            step, logprob=logprob, record=ScorerRecord(features, chosen)
-        )
+        return dataclasses.replace(step, logprob=logprob, record=ScorerRecord(features, chosen))
 
     # every sample fails in the end, but the trial at the good candidate was kept
     batch = [
