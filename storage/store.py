@@ -528,7 +528,12 @@ class TrajectoryStore:
         if directory and not self._remote and (spec.name, directory) not in self._directories:
             filesystem.create_dir(directory.rstrip("/"), recursive=True)
             self._directories.add((spec.name, directory))
-        with filesystem.open_output_stream(relative) as stream:
+        try:
+            stream = filesystem.open_output_stream(relative)
+        except FileNotFoundError:  # the directory went away since it was made
+            filesystem.create_dir(directory.rstrip("/"), recursive=True)
+            stream = filesystem.open_output_stream(relative)
+        with stream:
             stream.write(payload)
         return AddAction(
             # The path as on the filesystem: delta-rs percent-encodes it into the log.

@@ -499,3 +499,14 @@ def test_queries_see_the_committed_rows_whatever_the_run_id(tmp_path: Path, run_
         total = con.sql("SELECT sum(duration_s) FROM steps").fetchall()[0][0]
     assert math.isclose(total, sum(s["duration_s"] for s in steps))
     assert native.get("steps", False) == (run_id in ("plain-run", "r/ü %41 it's=x"))
+
+
+def test_a_partition_directory_removed_after_a_write_is_made_again(tmp_path: Path) -> None:
+    store = TrajectoryStore(tmp_path)
+    episodes, steps = make_shard("run", 9, 0)
+    # As if an earlier write had made these directories and they were removed since.
+    store._directories.update(
+        {("steps", "run_id=run/iteration=9/"), ("episodes", "run_id=run/iteration=9/")}
+    )
+    assert store.commit_iteration_shard("run", 9, 0, episodes=episodes, steps=steps).committed
+    assert assert_consistent(store) == (len(episodes), len(steps))
