@@ -9,6 +9,9 @@ verifier, and report
 
     python benchmarks/learning.py --seeds 0 1 2
 
+`--families demo data_analysis ops` trains one policy on a mix of families (training, held-out and
+per-iteration tasks split evenly among them) and reports the reward of each family.
+
 The defaults are the size of `rollyard demo` (8 iterations x 4 tasks x 6 samples, 6 steps,
 easy tasks).
 
@@ -25,6 +28,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -179,6 +183,165 @@ def run_seed(seed: int, args: argparse.Namespace, work_dir: Path) -> dict[str, f
     }
 
 
+# -- several families at once (`--families demo data_analysis ops`) -----------------------------
+
+FAMILIES = ("demo", "data_analysis", "ops")
+
+
+def split_count(total: int, parts: int) -> list[int]:
+    """`total` spread over `parts` as evenly as possible (the first ones get the remainder)."""
+    return [total // parts + (1 if index < total % parts else 0) for index in range(parts)]
+
+
+def generate_family_tasks(
+    family: str, out_dir: Path, count: int, seed: int, difficulty: str
+) -> list[Path]:
+    from tasks_lib.families.data_analysis import generate_data_analysis_tasks
+    from tasks_lib.families.ops import generate_ops_tasks
+
+    if family == "demo":
+        return generate_demo_tasks(
+            out_dir, count, seed=seed, difficulty=parse_difficulty(difficulty)
+        )
+    if family == "data_analysis":
+        return generate_data_analysis_tasks(out_dir, count, seed=seed)
+    return generate_ops_tasks(out_dir, count, seed=seed)
+
+
+def run_mixed_seed(
+    seed: int, args: argparse.Namespace, work_dir: Path
+) -> dict[str, dict[str, Any]]:
+    """One seed over a mix of families: per family, training and held-out tasks of its own;
+    each iteration draws the same share of tasks from every family. Returns per family its
+    reward per iteration and its held-out figures."""
+    families = list(args.families)
+    train: dict[str, list[Task]] = {}
+    heldout: dict[str, list[Task]] = {}
+    family_of: dict[str, str] = {}
+    train_counts = split_count(args.train_tasks, len(families))
+    heldout_counts = split_count(args.heldout_tasks, len(families))
+    for family, n_train, n_heldout in zip(families, train_counts, heldout_counts, strict=True):
+        paths = generate_family_tasks(
+            family, work_dir / f"tasks-{seed}-{family}", n_train + n_heldout, seed, args.difficulty
+        )
+        tasks = [load_task(path) for path in paths]
+        train[family], heldout[family] = tasks[:n_train], tasks[n_train:]
+        family_of.update((task.id, family) for task in tasks)
+    config = EpisodeConfig(max_steps=args.max_steps, step_timeout_s=30.0)
+    policy = CandidateScorerPolicy(ScorerConfig(init_seed=seed), seed=seed)
+    untrained = pickle.loads(pickle.dumps(policy))
+    trainer = GRPOTrainer(policy, GRPOConfig(seed=seed, learning_rate=args.learning_rate))
+    rng = random.Random(seed)
+    rewards: dict[str, list[float]] = {family: [] for family in families}
+
+    def by_family(batch: list[Trajectory], family: str) -> list[Trajectory]:
+        return [t for t in batch if family_of[t.task_id] == family]
+
+    per_iteration = split_count(args.tasks_per_iteration, len(families))
+    for iteration in range(args.iterations):
+        started = time.monotonic()
+        batch_tasks = [
+            task
+            for family, count in zip(families, per_iteration, strict=True)
+            for task in rng.sample(train[family], min(count, len(train[family])))
+        ]
+        batch = run_groups(
+            batch_tasks,
+            policy,
+            run_id=f"learn-mixed-{seed}",
+            iteration=iteration,
+            group_size=args.group_size,
+            config=config,
+            workers=args.workers,
+        )
+        metrics = trainer.update(batch)
+        for family in families:
+            rewards[family].append(mean_reward(by_family(batch, family)))
+        shares = ", ".join(f"{family} {rewards[family][-1]:.3f}" for family in families)
+        print(
+            f"  seed {seed} iteration {iteration}: reward {mean_reward(batch):.3f} ({shares}) "
+            f"groups used {metrics.groups.groups_used}/{metrics.groups.groups_total} "
+            f"(zero-variance {metrics.groups.groups_zero_variance}, "
+            f"infra {metrics.groups.groups_with_infra_failures}) "
+            f"entropy {metrics.entropy:.2f} [{time.monotonic() - started:.0f}s]",
+            flush=True,
+        )
+    all_heldout = [task for family in families for task in heldout[family]]
+    evaluations = {}
+    for name, candidate in (("untrained", untrained), ("trained", policy)):
+        evaluations[name] = run_groups(
+            all_heldout,
+            candidate,
+            run_id=f"heldout-mixed-{seed}-{name}",
+            iteration=0,
+            group_size=args.eval_samples,
+            config=config,
+            workers=args.workers,
+        )
+    results: dict[str, dict[str, Any]] = {}
+    for family in families:
+        untrained_runs = by_family(evaluations["untrained"], family)
+        trained_runs = by_family(evaluations["trained"], family)
+        results[family] = {
+            "rewards": rewards[family],
+            "first": rewards[family][0],
+            "last3": statistics.fmean(rewards[family][-3:]),
+            "heldout_untrained": pass_rate(untrained_runs),
+            "heldout_trained": pass_rate(trained_runs),
+            "heldout_reward_untrained": mean_reward(untrained_runs),
+            "heldout_reward_trained": mean_reward(trained_runs),
+        }
+        print(
+            f"  seed {seed} {family} held-out pass: untrained "
+            f"{results[family]['heldout_untrained']:.3f}, trained "
+            f"{results[family]['heldout_trained']:.3f}",
+            flush=True,
+        )
+    return results
+
+
+def print_mixed_table(seeds: list[int], results: list[dict[str, dict[str, Any]]]) -> None:
+    print()
+    print(
+        "| family | seed | reward, iteration 1 | reward per iteration | reward, last 3 | gain "
+        "| held-out pass, untrained | held-out pass, trained |"
+    )
+    print("|---|---:|---:|---|---:|---:|---:|---:|")
+    for family in results[0]:
+        rows = [result[family] for result in results]
+        for seed, row in zip(seeds, rows, strict=True):
+            curve = " ".join(f"{r:.2f}".removeprefix("0") for r in row["rewards"])
+            print(
+                f"| {family} | {seed} | {row['first']:.3f} | {curve} | {row['last3']:.3f} | "
+                f"{row['last3'] - row['first']:+.3f} | {row['heldout_untrained']:.3f} | "
+                f"{row['heldout_trained']:.3f} |"
+            )
+        if len(rows) > 1:
+            mean = {
+                key: statistics.fmean(r[key] for r in rows) for key in rows[0] if key != "rewards"
+            }
+            print(
+                f"| {family} | mean | {mean['first']:.3f} | | {mean['last3']:.3f} | "
+                f"{mean['last3'] - mean['first']:+.3f} | {mean['heldout_untrained']:.3f} | "
+                f"{mean['heldout_trained']:.3f} |"
+            )
+    for family in results[0]:
+        untrained = statistics.fmean(r[family]["heldout_reward_untrained"] for r in results)
+        trained = statistics.fmean(r[family]["heldout_reward_trained"] for r in results)
+        print(f"{family}: held-out mean reward untrained {untrained:.3f}, trained {trained:.3f}")
+
+
+def run_mixed(args: argparse.Namespace) -> None:
+    started = time.monotonic()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="rollyard-learning-", dir="/var/tmp") as work:
+        Path(work).chmod(0o711)
+        for seed in args.seeds:
+            results.append(run_mixed_seed(seed, args, Path(work)))
+    print_mixed_table(args.seeds, results)
+    print(f"total {time.monotonic() - started:.0f}s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -196,8 +359,18 @@ def main() -> None:
         help="demo task difficulty: mixed, easy, medium, hard or easy=3,medium=1",
     )
     parser.add_argument("--learning-rate", type=float, default=GRPOConfig().learning_rate)
+    parser.add_argument(
+        "--families",
+        nargs="+",
+        choices=FAMILIES,
+        default=["demo"],
+        help="task families to train on together (tasks split evenly); rewards per family",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)  # episodes run in threads; the network is tiny
+    if args.families != ["demo"]:
+        run_mixed(args)
+        return
 
     started = time.monotonic()
     results = []
