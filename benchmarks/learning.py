@@ -12,7 +12,7 @@ verifier, and report
 `--families demo data_analysis ops` trains one policy on a mix of families (training, held-out and
 per-iteration tasks split evenly among them) and reports the reward of each family.
 
-The defaults are the size of `rollyard demo` (8 iterations x 4 tasks x 6 samples, 6 steps,
+The defaults are the size of `rollyard demo` (8 iterations x 8 tasks x 4 samples, 6 steps,
 easy tasks).
 
 Library calls only (no Prefect, no Dask): the same episode function and trainer the flow runs.
@@ -346,11 +346,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--iterations", type=int, default=8)
-    parser.add_argument("--tasks-per-iteration", type=int, default=4)
-    parser.add_argument("--group-size", type=int, default=6)
-    parser.add_argument("--train-tasks", type=int, default=16)
-    parser.add_argument("--heldout-tasks", type=int, default=6)
-    parser.add_argument("--eval-samples", type=int, default=3)
+    parser.add_argument("--tasks-per-iteration", type=int, default=8)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--train-tasks", type=int, default=32)
+    parser.add_argument("--heldout-tasks", type=int, default=12)
+    parser.add_argument("--eval-samples", type=int, default=2)
     parser.add_argument("--max-steps", type=int, default=6)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument(

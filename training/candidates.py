@@ -15,7 +15,8 @@ of the same edits elsewhere. It never knows which edit fixes the bug.
 Each candidate gets a fixed-length feature vector describing the action and the situation; the
 network in `training.scorer_policy` learns from rewards which ones pay. Features are generic —
 where an edit lands relative to the failure, what kind of edit it is crossed with what the
-failure looks like, whether this exact edit was tried already — never which edit is the answer.
+failure looks like, whether its line was tried already — never which edit is the answer. An edit
+whose result was tried and reverted is not offered again.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import tokenize
 from collections.abc import Iterator
 
 from training.actions import (
-    TRIAL_KEPT,
     Action,
     EditFile,
     History,
@@ -40,6 +40,7 @@ from training.actions import (
     Submit,
     TryEdit,
     failing_test_count,
+    trial_kept,
 )
 from training.proposers import DOMAIN_FEATURE_NAMES, domain_proposer_for
 
@@ -90,7 +91,6 @@ FEATURE_NAMES: tuple[str, ...] = (
     # where a trial's edit lands, and whether it was tried
     "edit_in_failing_function",
     "edit_line_in_traceback",
-    "edit_already_tried",
     "edit_line_tried_before",
     # what a variable swap brings in
     "edit_name_never_read",
@@ -354,7 +354,7 @@ def _read_situation(history: History) -> _Situation:
         elif isinstance(action, EditFile | TryEdit) and observation.exit_code is not None:
             path = _normalize_path(action.path)
             content = situation.files.get(path)
-            kept = isinstance(action, EditFile) or TRIAL_KEPT in observation.text[-200:]
+            kept = isinstance(action, EditFile) or trial_kept(observation.text)
             if isinstance(action, TryEdit):
                 situation.trials += 1
                 situation.last_trial_kept = kept
@@ -686,6 +686,11 @@ def _edit_candidates(situation: _Situation) -> Iterator[Candidate]:
                 target = "\n".join([*lines[:index], new_line, *lines[index + 1 :]])
                 if target in seen or target == current:
                     continue
+                if (path, _digest(target)) in situation.tried:
+                    # The same file content was tried and reverted: the tests would fail the
+                    # same way again (they are deterministic; the verifier's flakiness check
+                    # admits only such tasks), so a second try is a wasted step.
+                    continue
                 seen.add(target)
                 edit = edit_between(path, current, target)
                 if edit is None:
@@ -695,7 +700,6 @@ def _edit_candidates(situation: _Situation) -> Iterator[Candidate]:
                     is_try_edit=1.0,
                     edit_in_failing_function=float(in_failing),
                     edit_line_in_traceback=float((path, line_number) in failure.traceback_lines),
-                    edit_already_tried=float((path, _digest(target)) in situation.tried),
                     edit_line_tried_before=float((path, line) in situation.tried_lines),
                     **extra,
                     **{f"edit_kind_{kind}": 1.0},

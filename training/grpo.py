@@ -42,13 +42,16 @@ class GRPOConfig:
 
     learning_rate: float = 0.05
     """Adam step size. High for a network this small: it must learn within a few iterations
-    (the demo has about eight, of 24 episodes each)."""
-    epochs: int = 2
+    (the demo has eight, of 32 episodes each)."""
+    epochs: int = 4
     """Passes over each batch (the ratio leaves 1 after the first; the clip bounds how far)."""
     minibatches: int = 2
     """Minibatches per epoch, split by trajectory (a trajectory's actions stay together)."""
-    clip_epsilon: float = 0.2
-    """PPO clip range ε: the ratio's influence is cut outside [1-ε, 1+ε]."""
+    clip_epsilon: float = 0.5
+    """PPO clip range ε: the ratio's influence is cut outside [1-ε, 1+ε]. Wider than the usual
+    0.2: a run of eight updates could raise an action's probability at most 1.2^8 ≈ 4x under
+    0.2, too little to go from uniform over ~20 candidates to reliable (measured:
+    `benchmarks/README.md` § Learning)."""
     entropy_coef: float = 0.01
     """Weight of the entropy bonus; keeps the policy exploring before it is sure."""
     max_grad_norm: float = 1.0
@@ -65,14 +68,14 @@ class GRPOConfig:
     training; this ranks a sample that fixed one bug above one that fixed none. Not the
     verifier's partial credit: that counts tests which passed all along, so it pays an untouched
     workspace more than an honest attempt, and the policy learns to submit at once."""
-    trial_credit_weight: float = 0.0
+    trial_credit_weight: float = 1.0
     """Weight of the per-step credit of trials (`TryEdit`): a trial the environment kept (fewer
     visible tests failed after it) scores 1, a reverted one 0, centred on the mean of the
     group's trials, added to that step's advantage. The episode advantage gives every action of
     an episode the same credit, so the one trial that fixed the bug shares it with the guesses
     around it; this term tells them apart from the observation the agent itself was shown. It
     also lets groups whose rewards are all equal teach something when some of their trials were
-    kept (a multi-bug task half fixed). 0 turns it off."""
+    kept (a multi-bug task half fixed). 0 turns it off (plain GRPO)."""
     min_group_size: int = 2
     """Groups with fewer trainable samples than this are masked (no baseline to compare to)."""
     infra_failures: Literal["mask_group", "drop_samples"] = "mask_group"

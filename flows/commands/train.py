@@ -9,7 +9,7 @@ from typing import Any
 
 from flows.cli import EXIT_USAGE, CliError, positive_int
 
-DEMO_TASK_COUNT = 24
+DEMO_TASK_COUNT = 32
 DEMO_DIFFICULTY = {"easy": 1.0}
 """The demo's tasks: one-bug tasks an untrained policy fixes now and then within its few
 trials, so GRPO groups differ from the first iteration (see
@@ -29,8 +29,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="the main job on embedded defaults: build demo tasks, train a few minutes, "
         "print and plot the reward curve",
     )
-    # sized for a few minutes on 2 cores: 8 iterations x 4 tasks x 6 samples, 6 steps each
-    _common_train_options(demo, iterations=8, group_size=6, tasks_per_iteration=4, max_steps=6)
+    # sized for a few minutes on 2 cores: 8 iterations x 8 tasks x 4 samples, 6 steps each (the
+    # size `benchmarks/learning.py` measures the learning target at)
+    _common_train_options(demo, iterations=8, group_size=4, tasks_per_iteration=8, max_steps=6)
     demo.add_argument("--task-count", type=positive_int, default=DEMO_TASK_COUNT)
     demo.set_defaults(handler=demo_command)
 

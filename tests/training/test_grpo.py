@@ -136,8 +136,8 @@ def test_trial_credits_tell_kept_trials_from_reverted_ones_within_a_group() -> N
         make_trajectory(2, 0, 1.0, steps=(kept,)),
         make_trajectory(2, 1, None, status=EpisodeStatus.INFRA_ERROR, steps=(reverted,)),
     ]
-    assert trial_credits(batch) == {}  # off by default
-    credits = trial_credits(batch, GRPOConfig(trial_credit_weight=1.0))
+    assert trial_credits(batch, GRPOConfig(trial_credit_weight=0.0)) == {}  # plain GRPO
+    credits = trial_credits(batch)
     first, second, third, _, fifth, _ = (t.episode_id for t in batch)
     assert credits[(first, 1)] == pytest.approx(0.75) and credits[(first, 0)] == -0.25
     assert credits[(second, 1)] == -0.25
@@ -163,9 +163,11 @@ def test_trial_credit_trains_groups_whose_rewards_are_all_equal() -> None:
         make_trajectory(0, 0, 0.0, steps=(trial(0, good),)),
         make_trajectory(0, 1, 0.0, steps=(trial(0, bad),)),
     ]
-    without = GRPOTrainer(CandidateScorerPolicy(seed=0)).update(batch)
+    without = GRPOTrainer(
+        CandidateScorerPolicy(seed=0), GRPOConfig(trial_credit_weight=0.0)
+    ).update(batch)
     assert without.optimizer_steps == 0
-    trainer = GRPOTrainer(policy, GRPOConfig(trial_credit_weight=1.0))
+    trainer = GRPOTrainer(policy)
     for _ in range(5):
         trainer.update(batch)
     with torch.no_grad():
