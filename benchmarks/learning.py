@@ -119,6 +119,19 @@ def parse_difficulty(text: str) -> str | dict[str, float] | None:
     return {level: float(weight) for level, weight in (p.split("=") for p in text.split(","))}
 
 
+def grpo_config(seed: int, args: argparse.Namespace) -> GRPOConfig:
+    """The trainer's settings: the library defaults unless the command line overrides them (to
+    measure what each one is worth, e.g. `--trial-credit-weight 0 --clip-epsilon 0.2 --epochs 2`
+    is plain GRPO with PPO's usual clip)."""
+    return GRPOConfig(
+        seed=seed,
+        learning_rate=args.learning_rate,
+        trial_credit_weight=args.trial_credit_weight,
+        clip_epsilon=args.clip_epsilon,
+        epochs=args.epochs,
+    )
+
+
 def run_seed(seed: int, args: argparse.Namespace, work_dir: Path) -> dict[str, float]:
     paths = generate_demo_tasks(
         work_dir / f"tasks-{seed}",
@@ -131,7 +144,7 @@ def run_seed(seed: int, args: argparse.Namespace, work_dir: Path) -> dict[str, f
     config = EpisodeConfig(max_steps=args.max_steps, step_timeout_s=30.0)
     policy = CandidateScorerPolicy(ScorerConfig(init_seed=seed), seed=seed)
     untrained = pickle.loads(pickle.dumps(policy))
-    trainer = GRPOTrainer(policy, GRPOConfig(seed=seed, learning_rate=args.learning_rate))
+    trainer = GRPOTrainer(policy, grpo_config(seed, args))
     rng = random.Random(seed)
     rewards: list[float] = []
     for iteration in range(args.iterations):
@@ -230,7 +243,7 @@ def run_mixed_seed(
     config = EpisodeConfig(max_steps=args.max_steps, step_timeout_s=30.0)
     policy = CandidateScorerPolicy(ScorerConfig(init_seed=seed), seed=seed)
     untrained = pickle.loads(pickle.dumps(policy))
-    trainer = GRPOTrainer(policy, GRPOConfig(seed=seed, learning_rate=args.learning_rate))
+    trainer = GRPOTrainer(policy, grpo_config(seed, args))
     rng = random.Random(seed)
     rewards: dict[str, list[float]] = {family: [] for family in families}
 
@@ -358,7 +371,11 @@ def main() -> None:
         default="easy",
         help="demo task difficulty: mixed, easy, medium, hard or easy=3,medium=1",
     )
-    parser.add_argument("--learning-rate", type=float, default=GRPOConfig().learning_rate)
+    defaults = GRPOConfig()
+    parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate)
+    parser.add_argument("--trial-credit-weight", type=float, default=defaults.trial_credit_weight)
+    parser.add_argument("--clip-epsilon", type=float, default=defaults.clip_epsilon)
+    parser.add_argument("--epochs", type=int, default=defaults.epochs)
     parser.add_argument(
         "--families",
         nargs="+",
