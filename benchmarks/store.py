@@ -1,15 +1,19 @@
 """Trajectory store against JSONL: ingest rate, reward-curve query time and its peak memory.
 
-From one run it prints: steps/s committed through `TrajectoryStore.commit_iteration_shard` against
-the same records written as JSONL (one trajectory per line with its steps nested, as peer systems
-dump rollouts); a reward-curve query over all steps (DuckDB over the store) against pandas over
-the JSONL; and the peak resident memory of each query process. Both writers get the same
-in-memory Python records (episodes with their steps nested), generated shard by shard outside the
-timed sections; each store commit is complete (both tables committed, exactly once) when the call
-returns, and neither side syncs to disk.
+From one run it prints: steps/s committed to the store against the same records written as JSONL
+(one trajectory per line with its steps nested, as peer systems dump rollouts); a reward-curve
+query over all steps (DuckDB over the store) against pandas over the JSONL; and the peak resident
+memory of each query process. Both writers get the same in-memory Python records (episodes with
+their steps nested), generated in batches of shards outside the timed sections. The store commits
+them three ways, each into its own store: through a shard writer (`TrajectoryStore.shard_writer`,
+what a caller committing shards in sequence uses; shard N's commits overlap converting shard N+1,
+and the clock stops only once every shard of the batch is committed), one
+`commit_iteration_shard` call after another, and as Arrow tables through a shard writer (built
+outside the clock). A store commit is complete once both tables are committed, exactly once;
+neither side syncs to disk.
 
     python benchmarks/store.py                 # 10 million steps (a few minutes, a few GB of disk)
-    python benchmarks/store.py --steps 200000  # a quick check
+    python benchmarks/store.py --steps 400000  # a quick check
 
 Targets (issue 4): ingest >= 3x JSONL; query < 1 s and >= 20x faster than pandas; peak <= 1 GB.
 """
@@ -61,21 +65,42 @@ WITH s AS (
 SELECT * FROM e JOIN s USING (iteration) ORDER BY iteration
 """
 
+# The query process's own peak resident memory. Not `ru_maxrss`: Linux carries the parent's
+# resident size at the spawn over into the child's, so it would count the benchmark's own memory.
+PEAK_FUNCTION = """
+import resource
+
+def peak_bytes():
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+"""
+
 # Imports happen before the clock starts, as in a notebook; the clock covers opening the tables.
-QUERY_STORE_SCRIPT = """
-import resource, sys, time
+QUERY_STORE_SCRIPT = (
+    PEAK_FUNCTION
+    + """
+import sys, time
 import duckdb
 sys.path.insert(0, sys.argv[2])
 from storage import TrajectoryStore
 start = time.perf_counter()
 table = TrajectoryStore(sys.argv[1], create=False).query(sys.argv[3])
 elapsed = time.perf_counter() - start
-print(elapsed, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, table.num_rows)
+print(elapsed, peak_bytes(), table.num_rows)
 """
+)
 
 # What a peer does with its JSONL dump: pandas, chunked so the machine does not run out of memory.
-QUERY_PANDAS_SCRIPT = """
-import resource, sys, time
+QUERY_PANDAS_SCRIPT = (
+    PEAK_FUNCTION
+    + """
+import sys, time
 import pandas as pd
 start = time.perf_counter()
 parts = []
@@ -99,8 +124,9 @@ steps = frame[frame.kind == "step"].groupby("iteration").agg(
     nonzero_exit_rate=("nonzero", "mean"))
 result = episodes.join(steps)
 elapsed = time.perf_counter() - start
-print(elapsed, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, len(result))
+print(elapsed, peak_bytes(), len(result))
 """
+)
 
 
 def make_shard_records(
@@ -155,67 +181,117 @@ def make_shard_records(
     return episodes
 
 
+# (iteration, shard, episodes) or (iteration, shard, episodes, steps)
+Shard = tuple[Any, ...]
+
+
+def commit_pipelined(store: TrajectoryStore, batch: list[Shard]) -> float:
+    """Seconds to commit `batch` through a shard writer, until every shard is committed."""
+    start = time.perf_counter()
+    with store.shard_writer() as writer:
+        for iteration, shard, episodes, *steps in batch:
+            writer.submit(
+                RUN_ID, iteration, shard, episodes=episodes, steps=steps[0] if steps else ()
+            )
+    return time.perf_counter() - start
+
+
+def commit_one_at_a_time(store: TrajectoryStore, batch: list[Shard]) -> float:
+    """Seconds to commit `batch` with one `commit_iteration_shard` call after another."""
+    start = time.perf_counter()
+    for iteration, shard, episodes in batch:
+        store.commit_iteration_shard(RUN_ID, iteration, shard, episodes=episodes)
+    return time.perf_counter() - start
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10_000_000, help="total steps to write")
     parser.add_argument("--steps-per-episode", type=int, default=20)
     parser.add_argument("--episodes-per-shard", type=int, default=1024)
     parser.add_argument("--shards-per-iteration", type=int, default=4)
+    parser.add_argument(
+        "--batch-shards",
+        type=int,
+        default=16,
+        help="shards generated, then timed, together (the shard writer is flushed per batch)",
+    )
     parser.add_argument("--workdir", type=Path, help="where to write (default: a temporary dir)")
     args = parser.parse_args()
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="rollyard-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
     store_root, jsonl_path = workdir / "store", workdir / "rollouts.jsonl"
-    columnar_root = workdir / "store-columnar"
-    shutil.rmtree(store_root, ignore_errors=True)
-    shutil.rmtree(columnar_root, ignore_errors=True)
-    store, columnar_store = TrajectoryStore(store_root), TrajectoryStore(columnar_root)
-    columnar_s = 0.0
+    sync_root, columnar_root = workdir / "store-one-at-a-time", workdir / "store-columnar"
+    for root in (store_root, sync_root, columnar_root):
+        shutil.rmtree(root, ignore_errors=True)
+    store, sync_store = TrajectoryStore(store_root), TrajectoryStore(sync_root)
+    columnar_store = TrajectoryStore(columnar_root)
     steps_per_shard = args.episodes_per_shard * args.steps_per_episode
     n_shards = max(1, args.steps // steps_per_shard)
     rng = random.Random(0)
-    store_s = jsonl_s = 0.0
+    store_s = sync_s = columnar_s = jsonl_s = 0.0
     total_steps = 0
     with jsonl_path.open("w") as jsonl:
-        for index in range(n_shards):
-            iteration, shard = divmod(index, args.shards_per_iteration)
-            records = make_shard_records(
-                iteration, shard, args.episodes_per_shard, args.steps_per_episode, rng
-            )
-            total_steps += sum(len(r["steps"]) for r in records)
+        for first in range(0, n_shards, args.batch_shards):
+            batch = []
+            for index in range(first, min(first + args.batch_shards, n_shards)):
+                iteration, shard = divmod(index, args.shards_per_iteration)
+                records = make_shard_records(
+                    iteration, shard, args.episodes_per_shard, args.steps_per_episode, rng
+                )
+                total_steps += sum(len(r["steps"]) for r in records)
+                batch.append((iteration, shard, records))
 
             start = time.perf_counter()
-            for record in records:
-                jsonl.write(json.dumps(record, default=str))
-                jsonl.write("\n")
+            for _, _, records in batch:
+                for record in records:
+                    jsonl.write(json.dumps(record, default=str))
+                    jsonl.write("\n")
             jsonl.flush()
             jsonl_s += time.perf_counter() - start
 
-            # The very records the JSONL writer dumped: episodes with their steps nested.
-            start = time.perf_counter()
-            store.commit_iteration_shard(RUN_ID, iteration, shard, episodes=records)
-            store_s += time.perf_counter() - start
+            # The very records the JSONL writer dumped (episodes with their steps nested),
+            # committed through a shard writer (shard N's commits overlap converting shard N+1;
+            # the clock stops once every shard of the batch is committed), and one
+            # `commit_iteration_shard` call after another; which goes first alternates by batch.
+            if (first // args.batch_shards) % 2 == 0:
+                store_s += commit_pipelined(store, batch)
+                sync_s += commit_one_at_a_time(sync_store, batch)
+            else:
+                sync_s += commit_one_at_a_time(sync_store, batch)
+                store_s += commit_pipelined(store, batch)
 
-            # The same shard handed over as Arrow tables, as a rollout loop that buffers columns
+            # The same shards handed over as Arrow tables, as a rollout loop that buffers columns
             # would; building them stays outside the clock.
-            episodes = [{k: v for k, v in r.items() if k != "steps"} for r in records]
-            episode_table = pa.Table.from_pylist(episodes)
-            step_table = pa.Table.from_pylist([step for r in records for step in r["steps"]])
-            start = time.perf_counter()
-            columnar_store.commit_iteration_shard(
-                RUN_ID, iteration, shard, episodes=episode_table, steps=step_table
-            )
-            columnar_s += time.perf_counter() - start
+            tables = []
+            for iteration, shard, records in batch:
+                episodes = [{k: v for k, v in r.items() if k != "steps"} for r in records]
+                step_rows = [step for r in records for step in r["steps"]]
+                tables.append(
+                    (
+                        iteration,
+                        shard,
+                        pa.Table.from_pylist(episodes),
+                        pa.Table.from_pylist(step_rows),
+                    )
+                )
+            columnar_s += commit_pipelined(columnar_store, tables)
 
+    # The query processes' peaks are their own, but free the records before starting them.
+    del batch, tables
     store_rate, jsonl_rate = total_steps / store_s, total_steps / jsonl_s
-    columnar_rate = total_steps / columnar_s
+    columnar_rate, sync_rate = total_steps / columnar_s, total_steps / sync_s
     store_mb = sum(p.stat().st_size for p in store_root.rglob("*") if p.is_file()) / 1e6
     print(f"steps: {total_steps:,} in {n_shards} shard commits of {steps_per_shard:,} steps")
     print(
         f"ingest  store {store_rate:>12,.0f} steps/s ({store_s:.1f} s, {store_mb:,.0f} MB)   "
         f"jsonl {jsonl_rate:>12,.0f} steps/s ({jsonl_s:.1f} s, "
         f"{jsonl_path.stat().st_size / 1e6:,.0f} MB)   ratio {store_rate / jsonl_rate:.1f}x"
+    )
+    print(
+        f"ingest  store one commit_iteration_shard at a time {sync_rate:>12,.0f} steps/s "
+        f"({sync_s:.1f} s)   ratio to jsonl {sync_rate / jsonl_rate:.1f}x"
     )
     print(
         f"ingest  store from Arrow tables {columnar_rate:>12,.0f} steps/s ({columnar_s:.1f} s)   "
@@ -239,6 +315,7 @@ def main() -> int:
         f"ratio {pandas_s / query_s:.0f}x"
     )
     shutil.rmtree(columnar_root, ignore_errors=True)
+    shutil.rmtree(sync_root, ignore_errors=True)
     if args.workdir is None:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0

@@ -23,6 +23,7 @@ from storage.store import (
     CommitResult,
     GateResult,
     IterationStatus,
+    ShardWriter,
     TrajectoryStore,
     VacuumResult,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "QueryError",
     "RecordError",
     "SchemaMismatchError",
+    "ShardWriter",
     "StepRecord",
     "StoreError",
     "StoreNotFoundError",

@@ -31,8 +31,17 @@ the log (`_STATS_COLUMNS`). The handle does not advance past its own commit, and
 handle costs far more (measured: about 140 ms ten versions behind, against 8 ms on a current one),
 so each shard commit first catches both handles up with `update_incremental`, in
 helper threads while the calling thread converts the records (the replay releases the GIL); the
-episodes file is likewise encoded while the steps commit runs. What is left per shard: converting
-the Python records to Arrow, the steps file, and the two commits, one after the other.
+episodes file is likewise encoded while the steps commit runs, and the steps file is encoded in
+memory while the handles catch up (it reaches storage only once the shard is known not to be in).
+What is left per shard: converting the Python records to Arrow, the steps file, and the two
+commits, one after the other.
+
+A caller committing many shards in sequence can take the commits off its own path with
+`shard_writer()`: `ShardWriter.submit` converts a shard in the calling thread and queues it for one
+background thread that commits it with the protocol above, so shard N's file and commits overlap
+shard N+1's conversion (or its rollouts). The queue is bounded (`max_in_flight`), shards commit in
+the order submitted, and each stays exactly-once on its own; what this buys depends on a free core,
+since the conversion holds the GIL and the commits need it between their native parts.
 
 Reads take one snapshot of every table when a reader is made (`connect`, `read_*`), so a query never
 mixes versions. DuckDB reads the snapshot's live Parquet files of episodes and steps with its own
@@ -51,15 +60,17 @@ import os
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
-from contextlib import contextmanager
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
@@ -142,6 +153,31 @@ class CommitResult:
     commit_id: str | None
     n_episodes: int
     n_steps: int
+
+
+@dataclass(frozen=True, slots=True)
+class _EncodedFile:
+    """A table file encoded in memory: where it goes in the table, its bytes and Delta stats."""
+
+    directory: str
+    relative: str
+    payload: pa.Buffer
+    partition_values: dict[str, str | None]
+    stats: str
+
+
+@dataclass(frozen=True, slots=True)
+class _PreparedShard:
+    """A shard's checked tables and commit identity, ready to commit from any thread."""
+
+    run_id: str
+    iteration: int
+    shard: int
+    source: str
+    commit_id: str
+    app_id: str
+    episodes: pa.Table
+    steps: pa.Table
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,6 +369,10 @@ class TrajectoryStore:
         self._local = threading.local()
         # Partition directories known to exist (local roots), so writes skip the mkdir.
         self._directories: set[tuple[str, str]] = set()
+        # Table handles of closed shard writers, for the next writer (a handle that only catches
+        # up is far cheaper than opening the table again).
+        self._spare_handles: list[dict[str, DeltaTable]] = []
+        self._spare_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"TrajectoryStore({self.root!r})"
@@ -345,6 +385,15 @@ class TrajectoryStore:
     def table_uri(self, name: str) -> str:
         """Where table `name` lives (a local path or a URI)."""
         return f"{self.root}/{name}"
+
+    def _take_handles(self) -> dict[str, DeltaTable]:
+        """Table handles for a shard writer's thread: a closed writer's, or none yet."""
+        with self._spare_lock:
+            return self._spare_handles.pop() if self._spare_handles else {}
+
+    def _give_back_handles(self, handles: dict[str, DeltaTable]) -> None:
+        with self._spare_lock:
+            self._spare_handles.append(handles)
 
     def _handles(self) -> dict[str, DeltaTable]:
         """This thread's open table handles by table name."""
@@ -382,7 +431,14 @@ class TrajectoryStore:
         uri = self.table_uri(spec.name)
         options = self._storage_options or None
         if not DeltaTable.is_deltatable(uri, storage_options=options):
-            if not self._remote and Path(uri).is_dir() and any(Path(uri).iterdir()):
+            # A directory with a `_delta_log/` but no commit in it yet is a table another writer
+            # is creating right now.
+            if (
+                not self._remote
+                and Path(uri).is_dir()
+                and any(Path(uri).iterdir())
+                and not Path(uri, "_delta_log").is_dir()
+            ):
                 raise SchemaMismatchError(
                     f"{uri}: holds files but no Delta log (_delta_log/), so it is not a rollyard "
                     "table; move it out of the store root"
@@ -401,9 +457,12 @@ class TrajectoryStore:
                     storage_options=options,
                 )
             except Exception:
-                # Another writer may have created it in between; only that case is fine.
-                if not DeltaTable.is_deltatable(uri, storage_options=options):
-                    raise
+                # Another writer may be creating it at the same time; only that case is fine.
+                deadline = time.monotonic() + 5.0
+                while not DeltaTable.is_deltatable(uri, storage_options=options):
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.01)
         table = DeltaTable(uri, storage_options=options)
         self._check_schema(spec, table, uri)
         handles[spec.name] = table
@@ -488,7 +547,17 @@ class TrajectoryStore:
         name: str,
         partition: Mapping[str, Any] | None = None,
     ) -> AddAction:
-        """Write `data` as one Parquet file inside the table's directory; the action adding it.
+        """Write `data` as one Parquet file inside the table's directory; the action adding it."""
+        return self._store_file(spec, self._encode_file(spec, data, name, partition))
+
+    def _encode_file(
+        self,
+        spec: TableSpec,
+        data: pa.Table,
+        name: str,
+        partition: Mapping[str, Any] | None = None,
+    ) -> _EncodedFile:
+        """`data` encoded as one zstd Parquet file in memory, with where it goes and its stats.
 
         Laid out as Delta writers do: partition columns live in the directory name and the log's
         partition values, not in the file. `partition` gives their values when the caller knows
@@ -512,7 +581,6 @@ class TrajectoryStore:
                 partition_values[column] = str(value)
                 directory += f"{column}={_escape_partition(str(value))}/"
             data = data.drop_columns(list(spec.partition_by))
-        relative = f"{directory}part-{name}.zstd.parquet"
         sink = pa.BufferOutputStream()
         collector: list[pq.FileMetaData] = []
         pq.write_table(
@@ -523,7 +591,17 @@ class TrajectoryStore:
             write_statistics=True,
             metadata_collector=collector,
         )
-        payload = sink.getvalue()
+        return _EncodedFile(
+            directory=directory,
+            relative=f"{directory}part-{name}.zstd.parquet",
+            payload=sink.getvalue(),
+            partition_values=partition_values,
+            stats=_file_stats(collector[0], data.schema, _STATS_COLUMNS.get(spec.name)),
+        )
+
+    def _store_file(self, spec: TableSpec, encoded: _EncodedFile) -> AddAction:
+        """Put an encoded file in the table's directory; the action adding it to the table."""
+        directory, relative = encoded.directory, encoded.relative
         filesystem = self._filesystem(self.table_uri(spec.name))
         if directory and not self._remote and (spec.name, directory) not in self._directories:
             filesystem.create_dir(directory.rstrip("/"), recursive=True)
@@ -534,15 +612,15 @@ class TrajectoryStore:
             filesystem.create_dir(directory.rstrip("/"), recursive=True)
             stream = filesystem.open_output_stream(relative)
         with stream:
-            stream.write(payload)
+            stream.write(encoded.payload)
         return AddAction(
             # The path as on the filesystem: delta-rs percent-encodes it into the log.
             path=relative,
-            size=payload.size,
-            partition_values=partition_values,
+            size=encoded.payload.size,
+            partition_values=encoded.partition_values,
             modification_time=int(time.time() * 1000),
             data_change=True,
-            stats=_file_stats(collector[0], data.schema, _STATS_COLUMNS.get(spec.name)),
+            stats=encoded.stats,
         )
 
     def _append_once(
@@ -584,24 +662,85 @@ class TrajectoryStore:
         `episodes` and `steps` are records, mappings, Arrow tables or Parquet file paths. Episode
         mappings may instead carry their steps nested under "steps" (a nested step may leave out
         `episode_id`). Calling this again for the same (run_id, iteration, shard) writes nothing
-        and returns `committed=False`, whatever the data.
+        and returns `committed=False`, whatever the data. A caller committing many shards one
+        after another can overlap them with `shard_writer`.
         """
-        source = f"shard (run_id={run_id!r}, iteration={iteration}, shard={shard})"
-        commit_id = uuid.uuid4().hex[:20]
-        key = {"run_id": run_id, "iteration": iteration, "shard": shard}
-        overwrite = {"commit_id": commit_id}
+        app_id = _app_id("shard", run_id, iteration, shard)
         # Both table handles catch up on the log in helper threads (Delta's log replay releases
         # the GIL), and the episodes table is asked whether the shard is in, while this thread
         # converts and checks the records.
-        app_id = _app_id("shard", run_id, iteration, shard)
         handles = self._handles()
-        catching_up = [
+        catching_up = self._start_catch_up(handles, app_id)
+        try:
+            prepared = self._prepare_shard(run_id, iteration, shard, episodes, steps)
+        finally:
+            wait(catching_up)
+        return self._commit_prepared(prepared, handles, catching_up)
+
+    def shard_writer(self, *, max_in_flight: int = 2) -> ShardWriter:
+        """A writer that commits shards on a background thread while the caller goes on.
+
+        For a caller that commits many shards one after another: `submit` converts and checks a
+        shard in the calling thread and hands it to the writer's thread, which commits it exactly
+        as `commit_iteration_shard` does, so converting shard N+1 (or running its rollouts)
+        overlaps the Delta commits of shard N. See `ShardWriter`.
+        """
+        return ShardWriter(self, max_in_flight=max_in_flight)
+
+    def _start_catch_up(
+        self, handles: dict[str, DeltaTable], app_id: str
+    ) -> list[Future[tuple[DeltaTable | None, int | None]]]:
+        """Catch the episodes and steps handles in `handles` up, in helper threads."""
+        return [
             _helpers().submit(self._open_in, handles, EPISODES, create=False, app_id=app_id),
             _helpers().submit(self._open_in, handles, STEPS, create=False),
         ]
+
+    def _prepare_shard(
+        self, run_id: str, iteration: int, shard: int, episodes: TableInput, steps: TableInput
+    ) -> _PreparedShard:
+        """A shard's records converted and checked, with a fresh commit id: all of a shard
+        commit that needs no table."""
+        source = f"shard (run_id={run_id!r}, iteration={iteration}, shard={shard})"
+        commit_id = uuid.uuid4().hex[:20]
+        key = {"run_id": run_id, "iteration": iteration, "shard": shard}
+        episode_table, step_table = self._shard_tables(
+            episodes, steps, key=key, overwrite={"commit_id": commit_id}, source=source
+        )
+        return _PreparedShard(
+            run_id=run_id,
+            iteration=iteration,
+            shard=shard,
+            source=source,
+            commit_id=commit_id,
+            app_id=_app_id("shard", run_id, iteration, shard),
+            episodes=episode_table,
+            steps=step_table,
+        )
+
+    def _commit_prepared(
+        self,
+        prepared: _PreparedShard,
+        handles: dict[str, DeltaTable],
+        catching_up: list[Future[tuple[DeltaTable | None, int | None]]] | None = None,
+    ) -> CommitResult:
+        """Commit a prepared shard: steps, then episodes with the shard's transaction id as the
+        commit point. `handles` are table handles only this thread uses while it runs;
+        `catching_up`, those handles being caught up (`_start_catch_up`), started when not
+        given."""
+        run_id, iteration, shard = prepared.run_id, prepared.iteration, prepared.shard
+        commit_id, app_id = prepared.commit_id, prepared.app_id
+        episode_table, step_table = prepared.episodes, prepared.steps
+        if catching_up is None:
+            catching_up = self._start_catch_up(handles, app_id)
+        partition = {"run_id": run_id, "iteration": iteration}
+        # The steps file is encoded in memory while the handles catch up; it reaches storage only
+        # once the shard is known not to be in, so a replay leaves no file behind.
         try:
-            episode_table, step_table = self._shard_tables(
-                episodes, steps, key=key, overwrite=overwrite, source=source
+            steps_file = (
+                self._encode_file(STEPS, step_table, commit_id, partition)
+                if step_table.num_rows
+                else None
             )
         finally:
             wait(catching_up)
@@ -615,14 +754,13 @@ class TrajectoryStore:
             episodes_table, _ = self._open_in(handles, EPISODES, create=True)
             assert episodes_table is not None
         metadata = {"rollyard.shard": app_id, "rollyard.commit_id": commit_id}
-        partition = {"run_id": run_id, "iteration": iteration}
         # The episodes file is encoded while the steps commit runs; it stays invisible until the
         # episodes commit, the commit point, adds it.
         episodes_file = _helpers().submit(
             self._write_file, EPISODES, episode_table, commit_id, partition
         )
         try:
-            if step_table.num_rows:
+            if steps_file is not None:
                 if steps_table is None:
                     steps_table, _ = self._open_in(handles, STEPS, create=True)
                 assert steps_table is not None
@@ -631,8 +769,7 @@ class TrajectoryStore:
                     step_table,
                     spec=STEPS,
                     metadata=metadata,
-                    name=commit_id,
-                    partition=partition,
+                    written=self._store_file(STEPS, steps_file),
                 )
         finally:
             wait([episodes_file])
@@ -651,8 +788,8 @@ class TrajectoryStore:
             if fresh is not None and fresh.transaction_version(app_id) is not None:
                 return result  # another writer committed this shard first
             raise CommitError(
-                f"{self.table_uri('episodes')}: commit of {source} failed: {_first_line(error)}; "
-                "retry the commit, it is safe to replay"
+                f"{self.table_uri('episodes')}: commit of {prepared.source} failed: "
+                f"{_first_line(error)}; retry the commit, it is safe to replay"
             ) from error
         return CommitResult(
             run_id, iteration, shard, True, commit_id, episode_table.num_rows, step_table.num_rows
@@ -1266,6 +1403,133 @@ class TrajectoryStore:
                     ) from error
 
 
+class ShardWriter:
+    """Commits shards in the order given, on one background thread, while the caller goes on.
+
+    Made by `TrajectoryStore.shard_writer`. `submit` converts and checks a shard's records in the
+    calling thread (so a bad record raises there, and the caller may reuse its lists once it
+    returns), then queues the shard for the writer's thread, which commits it with the same
+    protocol as `TrajectoryStore.commit_iteration_shard`: steps, then episodes with the shard's
+    transaction id as the commit point. Each shard stays exactly-once on its own: a killed process
+    leaves every shard either committed or invisible, and replaying any of them writes nothing
+    twice. At most `max_in_flight` shards wait or are being committed; `submit` blocks until one
+    is done when that many are.
+
+    A shard is committed once the future `submit` returns has its `CommitResult`, and every
+    submitted shard once `flush` or `close` returns. A failed commit stops the writer: later
+    shards are not committed (their futures fail), and the error is raised by the next `submit`,
+    `flush` or `close`; replay the shards that did not commit (it is safe). Use it as a context
+    manager, which closes it (waiting for every commit) on the way out. Submit from one thread.
+    """
+
+    def __init__(self, store: TrajectoryStore, *, max_in_flight: int = 2) -> None:
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        self.store = store
+        self.max_in_flight = max_in_flight
+        self._pending: deque[Future[CommitResult]] = deque()
+        # Used by the writer's thread only, one commit at a time; handed back on close.
+        self._handles = store._take_handles()
+        self._executor: ThreadPoolExecutor | None = None
+        # Set by the writer's thread when a commit fails; raised once to the caller.
+        self._failure: BaseException | None = None
+        self._reported = False
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"ShardWriter({self.store.root!r}, pending={len(self._pending)})"
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, kind: object, error: object, traceback: object) -> None:
+        if error is None:
+            self.close()
+            return
+        # The block failed: still wait for what was handed over, and let its error through.
+        with suppress(Exception):
+            self.close()
+
+    def submit(
+        self,
+        run_id: str,
+        iteration: int,
+        shard: int,
+        *,
+        episodes: TableInput,
+        steps: TableInput = (),
+    ) -> Future[CommitResult]:
+        """Convert and check a shard now, and queue its commit; arguments as for
+        `TrajectoryStore.commit_iteration_shard`. Raises a record error here, and the error of
+        an earlier shard's failed commit."""
+        if self._closed:
+            raise CommitError(f"{self!r} is closed; make another with store.shard_writer()")
+        self._raise_failure()
+        prepared = self.store._prepare_shard(run_id, iteration, shard, episodes, steps)
+        while len(self._pending) >= self.max_in_flight:
+            wait([self._pending[0]])
+            self._collect()
+        self._raise_failure()
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="rollyard-shard-writer")
+        future = self._executor.submit(self._commit, prepared)
+        self._pending.append(future)
+        return future
+
+    def flush(self) -> None:
+        """Wait until every submitted shard is committed; raises a failed commit's error."""
+        wait(list(self._pending))
+        self._collect()
+        self._raise_failure()
+
+    def close(self) -> None:
+        """Wait for every submitted shard and stop the writer's thread; raises a failed commit's
+        error unless already raised. A closed writer takes no more shards."""
+        try:
+            wait(list(self._pending))
+            self._collect()
+            self._raise_failure(again=False)
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
+            if not self._closed:
+                self._closed = True
+                self.store._give_back_handles(self._handles)
+
+    def _commit(self, prepared: _PreparedShard) -> CommitResult:
+        # Runs on the writer's thread, one shard at a time, in the order submitted.
+        failure = self._failure
+        if failure is not None:
+            raise CommitError(
+                f"{prepared.source}: not committed, because an earlier shard of this writer "
+                f"failed ({_first_line(failure)}); replay it, it is safe to"
+            )
+        try:
+            return self.store._commit_prepared(prepared, self._handles)
+        except BaseException as error:
+            self._failure = error
+            raise
+
+    def _collect(self) -> None:
+        while self._pending and self._pending[0].done():
+            self._pending.popleft()
+
+    def _raise_failure(self, *, again: bool = True) -> None:
+        """Raise a failed commit's error the first time; then, with `again`, that the writer
+        stopped (closing after the error was seen raises nothing more)."""
+        failure = self._failure
+        if failure is None or (self._reported and not again):
+            return
+        if not self._reported:
+            self._reported = True
+            raise failure
+        raise CommitError(
+            f"{self!r} stopped after a failed commit ({_first_line(failure)}); replay the shards "
+            "that did not commit with another writer"
+        )
+
+
 _HELPERS: tuple[int, ThreadPoolExecutor] | None = None
 _HELPERS_LOCK = threading.Lock()
 
@@ -1312,11 +1576,13 @@ def _check_shard(episodes: pa.Table, steps: pa.Table, source: str) -> None:
                 f"{source}: step row {first} belongs to episode "
                 f"{steps['episode_id'][first].as_py()!r}, which is not among this shard's episodes"
             )
-        # (episode position, step) packed into one integer: a cheap uniqueness check.
+        # (episode position, step) packed into one integer: a cheap uniqueness check. Sorting
+        # and comparing neighbours took 0.15 ms at 20,480 steps, `count_distinct` 2.3 ms.
         packed = pc.add(
             pc.multiply(position.cast(pa.int64()), 1 << 32), steps["step"].cast(pa.int64())
         )
-        if pc.count_distinct(packed).as_py() != steps.num_rows:
+        ordered = np.sort(packed.to_numpy())
+        if bool((ordered[1:] == ordered[:-1]).any()):
             raise RecordError(f"{source}: some (episode_id, step) pair appears more than once")
 
 
