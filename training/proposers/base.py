@@ -62,7 +62,6 @@ class Edits:
     trials: int = 0
     reverted: int = 0
     kept: int = 0
-    last_trial_kept: bool = False
     tried: set[tuple[str, str]] = dataclasses.field(default_factory=set)
     """(path, digest of the content a reverted trial made)."""
     tried_lines: set[tuple[str, str]] = dataclasses.field(default_factory=set)
@@ -83,7 +82,6 @@ def follow_edits(history: History) -> Edits:
                 continue
             if isinstance(action, TryEdit):
                 edits.trials += 1
-                edits.last_trial_kept = kept
                 edits.kept += int(kept)
             content = edits.files.get(path)
             if content is None or action.old_text not in content:

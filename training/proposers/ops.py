@@ -51,9 +51,6 @@ LIST_FILES_COMMAND = "find . -type f -not -path '*/.*' | sort"
 SERVICE_WAIT_S = 8.0
 """How long the check waits for a service to answer."""
 COMMAND_TIMEOUT_S = 20.0
-SERVICE_COMMAND_TIMEOUT_S = 5
-"""A supervisor run on its own is stopped after this long (it serves forever when it works)."""
-
 CONFIG_SUFFIXES = (".toml", ".ini", ".cfg", ".yaml", ".yml", ".env", ".conf", ".json")
 CODE_SUFFIXES = (".py", ".sh")
 SQL_SUFFIXES = (".sql",)
@@ -242,18 +239,6 @@ def check_command(criteria: list[Criterion]) -> str:
     return f"python - <<'CHECK'\n{script}CHECK"
 
 
-def instruction_commands(criteria: list[Criterion]) -> list[str]:
-    """The criteria's commands as the agent runs them by hand (a supervisor time-boxed)."""
-    commands = []
-    for criterion in criteria:
-        command = criterion.run
-        if criterion.kind == "service":
-            command = f"timeout {SERVICE_COMMAND_TIMEOUT_S} {command}"
-        if command not in commands:
-            commands.append(command)
-    return commands
-
-
 def evidence_of(text: str) -> set[str]:
     found = {kind for kind, pattern in EVIDENCE_PATTERNS.items() if pattern.search(text)}
     return found or {"no_evidence"}
@@ -294,18 +279,14 @@ def declared_columns(files: dict[str, str]) -> tuple[set[str], set[str]]:
 @dataclasses.dataclass(slots=True)
 class _Situation:
     instruction: str
-    criteria: list[Criterion]
     check: str
-    commands: list[str]
     edits: Edits
-    step_count: int
-    ran: set[str] = dataclasses.field(default_factory=set)
     listed: list[str] | None = None
     failed_reads: set[str] = dataclasses.field(default_factory=set)
     failing: int | None = None
     """Criteria failing now: from the last check run or kept trial."""
     failure_text: str = ""
-    """Output of the last run that failed on the current files (check, command or kept trial)."""
+    """Output of the last run that failed on the current files (check or kept trial)."""
     checks_run: bool = False
 
     @property
@@ -320,16 +301,12 @@ class _Situation:
 def _read_situation(history: History, criteria: list[Criterion]) -> _Situation:
     situation = _Situation(
         instruction=history.instruction,
-        criteria=criteria,
         check=check_command(criteria),
-        commands=instruction_commands(criteria),
         edits=follow_edits(history),
-        step_count=history.step_count,
     )
     for turn in history.turns:
         action, observation = turn.action, turn.observation
         if isinstance(action, RunCommand):
-            situation.ran.add(action.command)
             if action.command == LIST_FILES_COMMAND and observation.exit_code == 0:
                 situation.listed = [
                     normalize_path(line) for line in observation.text.splitlines()
@@ -339,8 +316,6 @@ def _read_situation(history: History, criteria: list[Criterion]) -> _Situation:
                 situation.checks_run = True
                 situation.failing = failing_test_count(observation.text, observation.exit_code)
                 situation.failure_text = observation.text if observation.exit_code else ""
-            elif action.command in situation.commands and observation.exit_code not in (0, 124):
-                situation.failure_text = observation.text
         elif isinstance(action, ReadFile) and observation.exit_code != 0:
             situation.failed_reads.add(normalize_path(action.path))
         elif (
