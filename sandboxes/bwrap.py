@@ -339,7 +339,7 @@ class BwrapSandbox(Sandbox):
                     f"{path!r} is outside the workspace; give a path relative to it or under "
                     f"{WORKSPACE_MOUNT}"
                 )
-            relative = relative[len(WORKSPACE_MOUNT):].lstrip("/")
+            relative = relative[len(WORKSPACE_MOUNT) :].lstrip("/")
         root = os.path.realpath(self._merged)
         try:
             candidate = os.path.realpath(os.path.join(root, relative))
@@ -412,8 +412,7 @@ class BwrapSandbox(Sandbox):
                 ) from None
             if error.errno == errno.ENOSPC:  # the workspace disk limit
                 raise SandboxError(
-                    f"writing {path!r} exceeds the workspace disk limit of "
-                    f"{self.limits.disk_mb} MB"
+                    f"writing {path!r} exceeds the workspace disk limit of {self.limits.disk_mb} MB"
                 ) from error
             raise
 
@@ -501,4 +500,3 @@ def _is_opaque(directory: Path) -> bool:
         return os.getxattr(directory, "trusted.overlay.opaque", follow_symlinks=False) == b"y"
     except OSError:
         return False
-

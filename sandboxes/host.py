@@ -267,6 +267,10 @@ def release_runtime_dir(directory: Path) -> None:
 def python_runtime_dirs() -> list[Path]:
     """Directories the sandbox binds read-only so the project's interpreter (and its venv with
     pytest) works inside, at the same paths as on the host."""
-    dirs = {Path(sys.prefix), Path(sys.base_prefix), Path(os.path.realpath(sys.executable)).parent.parent}
+    dirs = {
+        Path(sys.prefix),
+        Path(sys.base_prefix),
+        Path(os.path.realpath(sys.executable)).parent.parent,
+    }
     system = (Path("/usr"),)
     return sorted(d for d in dirs if not any(d.is_relative_to(s) for s in system))

@@ -132,8 +132,13 @@ def prepare_snapshot(source: Path, store_dir: Path, *, owner_uid: int) -> Prepar
                     # The sandbox user must be able to read everything and edit through the
                     # overlay, whatever modes the source had.
                     mode = os.lstat(name).st_mode
-                    os.chmod(name, stat.S_IMODE(mode) | stat.S_IRUSR | stat.S_IWUSR
-                             | (stat.S_IXUSR if stat.S_ISDIR(mode) else 0))
+                    os.chmod(
+                        name,
+                        stat.S_IMODE(mode)
+                        | stat.S_IRUSR
+                        | stat.S_IWUSR
+                        | (stat.S_IXUSR if stat.S_ISDIR(mode) else 0),
+                    )
         if snapshot_digest(tree) != digest:
             raise SnapshotError(
                 f"snapshot {source} changed while it was being copied; retry when it is stable"

@@ -239,8 +239,7 @@ def commit_shard(
         request.iteration,
         request.shard,
         episodes=[
-            t.to_episode_record(worker=worker, policy_lag=request.policy_lag)
-            for t in trajectories
+            t.to_episode_record(worker=worker, policy_lag=request.policy_lag) for t in trajectories
         ],
         steps=[step for t in trajectories for step in t.to_step_records()],
     )
