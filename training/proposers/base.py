@@ -9,7 +9,7 @@ import hashlib
 import re
 from collections.abc import Mapping
 
-from training.actions import TRIAL_KEPT, EditFile, History, ReadFile, TryEdit
+from training.actions import EditFile, History, ReadFile, TryEdit, trial_kept
 
 STEP_HORIZON = 10
 """Steps after which a domain's `*_step_fraction` saturates."""
@@ -77,7 +77,7 @@ def follow_edits(history: History) -> Edits:
             edits.files[normalize_path(action.path)] = observation.text
         elif isinstance(action, EditFile | TryEdit) and observation.exit_code is not None:
             path = normalize_path(action.path)
-            kept = isinstance(action, EditFile) or TRIAL_KEPT in observation.text[-200:]
+            kept = isinstance(action, EditFile) or trial_kept(observation.text)
             if isinstance(action, EditFile) and observation.exit_code != 0:
                 continue
             if isinstance(action, TryEdit):
