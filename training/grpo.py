@@ -139,6 +139,14 @@ def training_signal(trajectory: Trajectory, config: GRPOConfig) -> float:
     return trajectory.reward + config.fixed_tests_weight * (trajectory.fixed_fraction or 0.0)
 
 
+def _by_group(trajectories: Sequence[Trajectory]) -> dict[str, list[Trajectory]]:
+    """Trajectories keyed by `Trajectory.group_id` (run / iteration / group / task)."""
+    groups: dict[str, list[Trajectory]] = defaultdict(list)
+    for trajectory in trajectories:
+        groups[trajectory.group_id].append(trajectory)
+    return groups
+
+
 def group_advantages(
     trajectories: Sequence[Trajectory], config: GRPOConfig | None = None
 ) -> tuple[dict[str, float], GroupStats]:
@@ -146,9 +154,7 @@ def group_advantages(
 
     Groups are keyed by `Trajectory.group_id` (run / iteration / group / task)."""
     config = config or GRPOConfig()
-    groups: dict[str, list[Trajectory]] = defaultdict(list)
-    for trajectory in trajectories:
-        groups[trajectory.group_id].append(trajectory)
+    groups = _by_group(trajectories)
     advantages: dict[str, float] = {}
     used = zero_variance = with_infra = too_small = infra_samples = samples_used = 0
     for members in groups.values():
@@ -197,9 +203,7 @@ def trial_credits(
     config = config or GRPOConfig()
     if config.trial_credit_weight == 0.0:
         return {}
-    groups: dict[str, list[Trajectory]] = defaultdict(list)
-    for trajectory in trajectories:
-        groups[trajectory.group_id].append(trajectory)
+    groups = _by_group(trajectories)
     credits: dict[tuple[str, int], float] = {}
     for members in groups.values():
         if config.infra_failures == "mask_group" and any(not t.trainable for t in members):
