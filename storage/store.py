@@ -21,27 +21,30 @@ the shard's application transaction id in the same commit. The episodes commit i
 How a table write goes, and why (ingest speed). The store writes each shard's rows itself as one
 zstd Parquet file per table (pyarrow; partition columns in the directory name and the log, as Delta
 writers lay them out) and registers it with `DeltaTable.create_write_transaction`: one Delta commit
-carrying the add action, its file statistics and the transaction id. Measured at about 500 commits
-in a table, a `write_deltalake` append took 45-145 ms (two or all columns with statistics); now the
-file takes 5-10 ms and the commit 8-15 ms. A delta-rs commit costs mostly a replay of the table's
-state: it reloads the state from the last checkpoint (hence `delta.checkpointInterval` 10: longer
-intervals replay more JSON, shorter ones write checkpoints too often) and parses every live file's
-statistics, so the two big tables keep statistics only for the two columns the store reads from
-the log (`_STATS_COLUMNS`). The handle does not advance past its own commit, and a commit on a stale
-handle costs far more (measured: about 140 ms ten versions behind, against 8 ms on a current one),
-so each shard commit first catches both handles up with `update_incremental`, in
-helper threads while the calling thread converts the records (the replay releases the GIL); the
-episodes file is likewise encoded while the steps commit runs, and the steps file is encoded in
-memory while the handles catch up (it reaches storage only once the shard is known not to be in).
-What is left per shard: converting the Python records to Arrow, the steps file, and the two
-commits, one after the other.
+carrying the add actions, their file statistics and the transaction ids. Measured at about 500
+commits in a table, a `write_deltalake` append took 45-145 ms (two or all columns with statistics);
+now the file takes 5-10 ms and the commit 8-15 ms. A delta-rs commit costs mostly a replay of the
+table's state: it reloads the state from the last checkpoint (hence `delta.checkpointInterval` 10:
+longer intervals replay more JSON, shorter ones write checkpoints too often) and parses every live
+file's statistics, so the two big tables keep statistics only for the two columns the store reads
+from the log (`_STATS_COLUMNS`). The handle does not advance past its own commit, and a commit on a
+stale handle costs far more (measured: about 140 ms ten versions behind, against 8 ms on a current
+one), so each commit first catches both handles up with `update_incremental`, in helper threads
+while the calling thread converts the records (the replay releases the GIL). Files reach storage
+only once their shard is known not to be in, so a replay leaves no file behind.
 
-A caller committing many shards in sequence can take the commits off its own path with
-`shard_writer()`: `ShardWriter.submit` converts a shard in the calling thread and queues it for one
-background thread that commits it with the protocol above, so shard N's file and commits overlap
-shard N+1's conversion (or its rollouts). The queue is bounded (`max_in_flight`), shards commit in
-the order submitted, and each stays exactly-once on its own; what this buys depends on a free core,
-since the conversion holds the GIL and the commits need it between their native parts.
+Shards can be committed together (`_commit_group`): one steps commit adding every shard's steps
+file, then one episodes commit adding every shard's episodes file with each shard's transaction
+id. That is still all-or-nothing and exactly-once per shard, and pays for the catch-up and the two
+commits once. `shard_writer()` does this for a caller committing many shards in sequence:
+`ShardWriter.submit` converts a shard in the calling thread and queues it for one background
+thread, which commits whatever has queued as one group while the caller converts the next shards
+(or runs their rollouts). The background thread's work is nearly all native (Parquet encoding,
+the Delta commits), but it needs the GIL between those calls, and while the caller's thread runs
+Python each of those hand-overs can wait out the interpreter's switch interval (5 ms; measured: a
+group commit of 8 shards that takes 12 ms alone took 460 ms beside a busy Python thread when its
+files were encoded in memory and stored in separate calls). Hence one pyarrow call per file
+(encode and write), and groups, which take fewer hand-overs per shard the more shards queue.
 
 Reads take one snapshot of every table when a reader is made (`connect`, `read_*`), so a query never
 mixes versions. DuckDB reads the snapshot's live Parquet files of episodes and steps with its own
@@ -135,6 +138,11 @@ _STATS_COLUMNS: dict[str, tuple[str, ...]] = {
 # After each commit Delta writes a checkpoint when the table's interval says so; old log files
 # are only removed past the default retention.
 _POST_COMMIT = PostCommitHookProperties(create_checkpoint=True)
+# Parquet statistics (min/max per row group) skip nothing on free text and random ids, and
+# computing them for strings took a sixth of a steps file's encoding time.
+_NO_PARQUET_STATISTICS: dict[str, frozenset[str]] = {
+    "steps": frozenset({"episode_id", "action_kind", "action_text", "observation"}),
+}
 # Dictionary encoding where it pays (repeated ids and kinds); off for columns of mostly distinct
 # values, where it costs write time and saves nothing. True means every column.
 _DICTIONARY_COLUMNS: dict[str, bool | list[str]] = {
@@ -156,17 +164,6 @@ class CommitResult:
 
 
 @dataclass(frozen=True, slots=True)
-class _EncodedFile:
-    """A table file encoded in memory: where it goes in the table, its bytes and Delta stats."""
-
-    directory: str
-    relative: str
-    payload: pa.Buffer
-    partition_values: dict[str, str | None]
-    stats: str
-
-
-@dataclass(frozen=True, slots=True)
 class _PreparedShard:
     """A shard's checked tables and commit identity, ready to commit from any thread."""
 
@@ -178,6 +175,11 @@ class _PreparedShard:
     app_id: str
     episodes: pa.Table
     steps: pa.Table
+
+    @property
+    def partition(self) -> dict[str, Any]:
+        """The partition values of the shard's files in both tables."""
+        return {"run_id": self.run_id, "iteration": self.iteration}
 
 
 @dataclass(frozen=True, slots=True)
@@ -410,15 +412,14 @@ class TrajectoryStore:
         spec: TableSpec,
         *,
         create: bool,
-        app_id: str | None = None,
-    ) -> tuple[DeltaTable | None, int | None]:
+        app_ids: Sequence[str] = (),
+    ) -> tuple[DeltaTable | None, frozenset[str]]:
         """`_open` with the calling thread's handles passed in, so a helper thread can catch a
-        handle up while its owner waits for it; also the table's version of `app_id`, if given
-        and recorded."""
+        handle up while its owner waits for it; also which of `app_ids` the table has recorded."""
         table = self._catch_up(handles, spec, create=create)
-        if table is None or app_id is None:
-            return table, None
-        return table, table.transaction_version(app_id)
+        if table is None or not app_ids:
+            return table, frozenset()
+        return table, frozenset(a for a in app_ids if table.transaction_version(a) is not None)
 
     def _catch_up(
         self, handles: dict[str, DeltaTable], spec: TableSpec, *, create: bool
@@ -502,33 +503,35 @@ class TrajectoryStore:
     def _write(
         self,
         table: DeltaTable,
-        data: pa.Table,
+        data: pa.Table | None,
         *,
         spec: TableSpec,
-        app_id: str | None = None,
+        app_ids: Sequence[str] = (),
         app_version: int = 1,
         metadata: Mapping[str, str] | None = None,
         name: str | None = None,
         partition: Mapping[str, Any] | None = None,
-        written: AddAction | None = None,
+        written: Sequence[AddAction] | None = None,
     ) -> None:
-        """Write `data` as one Parquet file and add it to the table in one Delta commit.
+        """Add files to the table in one Delta commit: `data` written as one Parquet file, or the
+        files in `written`, already written with `_write_file`.
 
-        The commit carries the application transaction `app_id` when given. `data` holds one
-        partition (every caller writes one key's rows). `written` is the file when it was already
-        written with `_write_file`. A writer killed before the commit leaves only a file the log
-        does not reference, which no reader sees.
+        The commit carries the application transaction ids `app_ids` (at `app_version`). `data`
+        holds one partition (every caller writes one key's rows). A writer killed before the
+        commit leaves only files the log does not reference, which no reader sees.
         """
-        add = written or self._write_file(spec, data, name or uuid.uuid4().hex, partition)
+        if written is None:
+            assert data is not None
+            written = [self._write_file(spec, data, name or uuid.uuid4().hex, partition)]
         table.create_write_transaction(
-            [add],
+            list(written),
             "append",
             self._delta_schema(spec, table),
             list(spec.partition_by) or None,
             commit_properties=CommitProperties(
                 custom_metadata=dict(metadata or {}),
                 max_commit_retries=MAX_COMMIT_RETRIES,
-                app_transactions=[Transaction(app_id, app_version)] if app_id else None,
+                app_transactions=[Transaction(app_id, app_version) for app_id in app_ids] or None,
             ),
             post_commithook_properties=_POST_COMMIT,
         )
@@ -547,21 +550,15 @@ class TrajectoryStore:
         name: str,
         partition: Mapping[str, Any] | None = None,
     ) -> AddAction:
-        """Write `data` as one Parquet file inside the table's directory; the action adding it."""
-        return self._store_file(spec, self._encode_file(spec, data, name, partition))
-
-    def _encode_file(
-        self,
-        spec: TableSpec,
-        data: pa.Table,
-        name: str,
-        partition: Mapping[str, Any] | None = None,
-    ) -> _EncodedFile:
-        """`data` encoded as one zstd Parquet file in memory, with where it goes and its stats.
+        """Write `data` as one zstd Parquet file inside the table's directory; the action adding
+        it to the table, with its statistics.
 
         Laid out as Delta writers do: partition columns live in the directory name and the log's
         partition values, not in the file. `partition` gives their values when the caller knows
-        them (the commit key, already checked on every row).
+        them (the commit key, already checked on every row). Encoded and written by one pyarrow
+        call, which holds the GIL only briefly: a shard writer's thread does this while the
+        caller's thread converts records, and each time a thread takes the GIL back it may wait
+        out the other's switch interval (5 ms).
         """
         partition_values: dict[str, str | None] = {}
         directory = ""
@@ -581,27 +578,7 @@ class TrajectoryStore:
                 partition_values[column] = str(value)
                 directory += f"{column}={_escape_partition(str(value))}/"
             data = data.drop_columns(list(spec.partition_by))
-        sink = pa.BufferOutputStream()
-        collector: list[pq.FileMetaData] = []
-        pq.write_table(
-            data,
-            sink,
-            compression="zstd",
-            use_dictionary=_DICTIONARY_COLUMNS.get(spec.name, True),
-            write_statistics=True,
-            metadata_collector=collector,
-        )
-        return _EncodedFile(
-            directory=directory,
-            relative=f"{directory}part-{name}.zstd.parquet",
-            payload=sink.getvalue(),
-            partition_values=partition_values,
-            stats=_file_stats(collector[0], data.schema, _STATS_COLUMNS.get(spec.name)),
-        )
-
-    def _store_file(self, spec: TableSpec, encoded: _EncodedFile) -> AddAction:
-        """Put an encoded file in the table's directory; the action adding it to the table."""
-        directory, relative = encoded.directory, encoded.relative
+        relative = f"{directory}part-{name}.zstd.parquet"
         filesystem = self._filesystem(self.table_uri(spec.name))
         if directory and not self._remote and (spec.name, directory) not in self._directories:
             filesystem.create_dir(directory.rstrip("/"), recursive=True)
@@ -611,16 +588,26 @@ class TrajectoryStore:
         except FileNotFoundError:  # the directory went away since it was made
             filesystem.create_dir(directory.rstrip("/"), recursive=True)
             stream = filesystem.open_output_stream(relative)
+        collector: list[pq.FileMetaData] = []
+        unindexed = _NO_PARQUET_STATISTICS.get(spec.name, frozenset())
         with stream:
-            stream.write(encoded.payload)
+            pq.write_table(
+                data,
+                stream,
+                compression="zstd",
+                use_dictionary=_DICTIONARY_COLUMNS.get(spec.name, True),
+                write_statistics=[name for name in data.column_names if name not in unindexed],
+                metadata_collector=collector,
+            )
+            size = stream.tell()
         return AddAction(
             # The path as on the filesystem: delta-rs percent-encodes it into the log.
             path=relative,
-            size=encoded.payload.size,
-            partition_values=encoded.partition_values,
+            size=size,
+            partition_values=partition_values,
             modification_time=int(time.time() * 1000),
             data_change=True,
-            stats=encoded.stats,
+            stats=_file_stats(collector[0], data.schema, _STATS_COLUMNS.get(spec.name)),
         )
 
     def _append_once(
@@ -635,7 +622,7 @@ class TrajectoryStore:
         try:
             # Writing through the handle read above makes a concurrent commit of the same app id
             # a conflict instead of a second copy.
-            self._write(table, data, spec=spec, app_id=app_id, app_version=app_version)
+            self._write(table, data, spec=spec, app_ids=[app_id], app_version=app_version)
         except CommitFailedError as error:
             fresh = self._open(spec, create=False)
             done = fresh.transaction_version(app_id) if fresh is not None else None
@@ -665,34 +652,34 @@ class TrajectoryStore:
         and returns `committed=False`, whatever the data. A caller committing many shards one
         after another can overlap them with `shard_writer`.
         """
-        app_id = _app_id("shard", run_id, iteration, shard)
         # Both table handles catch up on the log in helper threads (Delta's log replay releases
         # the GIL), and the episodes table is asked whether the shard is in, while this thread
         # converts and checks the records.
         handles = self._handles()
-        catching_up = self._start_catch_up(handles, app_id)
+        catching_up = self._start_catch_up(handles, [_app_id("shard", run_id, iteration, shard)])
         try:
             prepared = self._prepare_shard(run_id, iteration, shard, episodes, steps)
         finally:
             wait(catching_up)
-        return self._commit_prepared(prepared, handles, catching_up)
+        return self._commit_group([prepared], handles, catching_up)[0]
 
-    def shard_writer(self, *, max_in_flight: int = 2) -> ShardWriter:
+    def shard_writer(self, *, max_in_flight: int = 8) -> ShardWriter:
         """A writer that commits shards on a background thread while the caller goes on.
 
         For a caller that commits many shards one after another: `submit` converts and checks a
-        shard in the calling thread and hands it to the writer's thread, which commits it exactly
-        as `commit_iteration_shard` does, so converting shard N+1 (or running its rollouts)
-        overlaps the Delta commits of shard N. See `ShardWriter`.
+        shard in the calling thread and hands it to the writer's thread, so converting shard N+1
+        (or running its rollouts) overlaps the commit of shard N, and shards that queue meanwhile
+        share one commit, each still exactly-once and all-or-nothing. See `ShardWriter`.
         """
         return ShardWriter(self, max_in_flight=max_in_flight)
 
     def _start_catch_up(
-        self, handles: dict[str, DeltaTable], app_id: str
-    ) -> list[Future[tuple[DeltaTable | None, int | None]]]:
-        """Catch the episodes and steps handles in `handles` up, in helper threads."""
+        self, handles: dict[str, DeltaTable], app_ids: Sequence[str]
+    ) -> list[Future[tuple[DeltaTable | None, frozenset[str]]]]:
+        """Catch the episodes and steps handles in `handles` up, in helper threads; the episodes
+        one also finds which of `app_ids` are in."""
         return [
-            _helpers().submit(self._open_in, handles, EPISODES, create=False, app_id=app_id),
+            _helpers().submit(self._open_in, handles, EPISODES, create=False, app_ids=app_ids),
             _helpers().submit(self._open_in, handles, STEPS, create=False),
         ]
 
@@ -718,82 +705,118 @@ class TrajectoryStore:
             steps=step_table,
         )
 
-    def _commit_prepared(
+    def _commit_group(
         self,
-        prepared: _PreparedShard,
+        group: Sequence[_PreparedShard],
         handles: dict[str, DeltaTable],
-        catching_up: list[Future[tuple[DeltaTable | None, int | None]]] | None = None,
-    ) -> CommitResult:
-        """Commit a prepared shard: steps, then episodes with the shard's transaction id as the
-        commit point. `handles` are table handles only this thread uses while it runs;
-        `catching_up`, those handles being caught up (`_start_catch_up`), started when not
-        given."""
-        run_id, iteration, shard = prepared.run_id, prepared.iteration, prepared.shard
-        commit_id, app_id = prepared.commit_id, prepared.app_id
-        episode_table, step_table = prepared.episodes, prepared.steps
+        catching_up: list[Future[tuple[DeltaTable | None, frozenset[str]]]] | None = None,
+    ) -> list[CommitResult]:
+        """Commit prepared shards together, one result per shard in order: all their steps files
+        in one steps commit, then all their episodes files in one episodes commit carrying every
+        shard's transaction id, the commit point of each.
+
+        Each shard stays what a commit of its own makes it: all of it visible or none (one Delta
+        commit adds all of its episodes), exactly once (a shard already in, or given twice, is
+        skipped, and its files never reach storage; one a concurrent writer commits first makes
+        the commit fail Delta's check on its transaction id, and the rest are committed again
+        without it). Committing shards together pays for the catch-up and the two commits once
+        (`ShardWriter` groups what has queued). `handles` are table handles only this thread uses
+        while it runs; `catching_up`, those handles being caught up (`_start_catch_up`), started
+        when not given.
+        """
         if catching_up is None:
-            catching_up = self._start_catch_up(handles, app_id)
-        partition = {"run_id": run_id, "iteration": iteration}
-        # The steps file is encoded in memory while the handles catch up; it reaches storage only
-        # once the shard is known not to be in, so a replay leaves no file behind.
-        try:
-            steps_file = (
-                self._encode_file(STEPS, step_table, commit_id, partition)
-                if step_table.num_rows
-                else None
-            )
-        finally:
-            wait(catching_up)
+            catching_up = self._start_catch_up(handles, [p.app_id for p in group])
+        wait(catching_up)
         (episodes_table, done), (steps_table, _) = (future.result() for future in catching_up)
-        result = CommitResult(
-            run_id, iteration, shard, False, None, episode_table.num_rows, step_table.num_rows
-        )
-        if done is not None:
-            return result
+        todo: dict[str, _PreparedShard] = {}
+        for prepared in group:
+            if prepared.app_id not in done:
+                todo.setdefault(prepared.app_id, prepared)
+        committed: set[str] = set()
+        if todo:
+            committed = self._commit_new_shards(
+                list(todo.values()), handles, episodes_table, steps_table
+            )
+        results = []
+        for p in group:
+            new = todo.get(p.app_id) is p and p.app_id in committed
+            results.append(
+                CommitResult(
+                    p.run_id,
+                    p.iteration,
+                    p.shard,
+                    new,
+                    p.commit_id if new else None,
+                    p.episodes.num_rows,
+                    p.steps.num_rows,
+                )
+            )
+        return results
+
+    def _commit_new_shards(
+        self,
+        shards: list[_PreparedShard],
+        handles: dict[str, DeltaTable],
+        episodes_table: DeltaTable | None,
+        steps_table: DeltaTable | None,
+    ) -> set[str]:
+        """The two commits of `_commit_group` for shards not in the table when it was caught up;
+        the transaction ids this call committed (those a concurrent writer won are left out)."""
+        metadata = {
+            "rollyard.shards": json.dumps([p.app_id for p in shards]),
+            "rollyard.commit_ids": json.dumps([p.commit_id for p in shards]),
+        }
         if episodes_table is None:
             episodes_table, _ = self._open_in(handles, EPISODES, create=True)
             assert episodes_table is not None
-        metadata = {"rollyard.shard": app_id, "rollyard.commit_id": commit_id}
-        # The episodes file is encoded while the steps commit runs; it stays invisible until the
-        # episodes commit, the commit point, adds it.
-        episodes_file = _helpers().submit(
-            self._write_file, EPISODES, episode_table, commit_id, partition
+        # Written now, every file stays invisible until its table's commit adds it; the
+        # episodes commit is each shard's commit point. The episodes files are written in a
+        # helper thread while the steps files are written and committed.
+        episodes_files = _helpers().submit(
+            lambda: [
+                self._write_file(EPISODES, p.episodes, p.commit_id, p.partition) for p in shards
+            ]
         )
         try:
-            if steps_file is not None:
+            with_steps = [p for p in shards if p.steps.num_rows]
+            if with_steps:
                 if steps_table is None:
                     steps_table, _ = self._open_in(handles, STEPS, create=True)
                 assert steps_table is not None
-                self._write(
-                    steps_table,
-                    step_table,
-                    spec=STEPS,
-                    metadata=metadata,
-                    written=self._store_file(STEPS, steps_file),
-                )
+                step_adds = [
+                    self._write_file(STEPS, p.steps, p.commit_id, p.partition) for p in with_steps
+                ]
+                self._write(steps_table, None, spec=STEPS, metadata=metadata, written=step_adds)
         finally:
-            wait([episodes_file])
-        written = episodes_file.result()
-        try:
-            self._write(
-                episodes_table,
-                episode_table,
-                spec=EPISODES,
-                app_id=app_id,
-                metadata=metadata,
-                written=written,
-            )
-        except CommitFailedError as error:
-            fresh = self._open(EPISODES, create=False)
-            if fresh is not None and fresh.transaction_version(app_id) is not None:
-                return result  # another writer committed this shard first
-            raise CommitError(
-                f"{self.table_uri('episodes')}: commit of {prepared.source} failed: "
-                f"{_first_line(error)}; retry the commit, it is safe to replay"
-            ) from error
-        return CommitResult(
-            run_id, iteration, shard, True, commit_id, episode_table.num_rows, step_table.num_rows
-        )
+            wait([episodes_files])
+        added = dict(zip((p.app_id for p in shards), episodes_files.result(), strict=True))
+        remaining = list(added)
+        while True:
+            try:
+                self._write(
+                    episodes_table,
+                    None,
+                    spec=EPISODES,
+                    app_ids=remaining,
+                    metadata=metadata,
+                    written=[added[app_id] for app_id in remaining],
+                )
+                return set(remaining)
+            except CommitFailedError as error:
+                # Another writer committed some of these shards first: commit the others again
+                # without them (their steps files are orphans, left out of every read). If it
+                # committed none of them, the failure is something else.
+                fresh, won = self._open_in(handles, EPISODES, create=False, app_ids=remaining)
+                if fresh is None or not won:
+                    sources = ", ".join(p.source for p in shards if p.app_id in remaining)
+                    raise CommitError(
+                        f"{self.table_uri('episodes')}: commit of {sources} failed: "
+                        f"{_first_line(error)}; retry the commit, it is safe to replay"
+                    ) from error
+                episodes_table = fresh
+                remaining = [app_id for app_id in remaining if app_id not in won]
+                if not remaining:
+                    return set()
 
     def _shard_tables(
         self,
@@ -1408,26 +1431,33 @@ class ShardWriter:
 
     Made by `TrajectoryStore.shard_writer`. `submit` converts and checks a shard's records in the
     calling thread (so a bad record raises there, and the caller may reuse its lists once it
-    returns), then queues the shard for the writer's thread, which commits it with the same
-    protocol as `TrajectoryStore.commit_iteration_shard`: steps, then episodes with the shard's
-    transaction id as the commit point. Each shard stays exactly-once on its own: a killed process
-    leaves every shard either committed or invisible, and replaying any of them writes nothing
-    twice. At most `max_in_flight` shards wait or are being committed; `submit` blocks until one
-    is done when that many are.
+    returns), then queues the shard for the writer's thread. That thread takes every shard queued
+    by the time it is free and commits them together (`TrajectoryStore._commit_group`): one steps
+    commit, then one episodes commit carrying each shard's transaction id, the commit point of
+    every shard in it. Shards arriving faster than one commit takes so share the cost of a commit
+    instead of queueing behind one commit each. Each shard stays exactly-once on its own: a killed
+    process leaves every shard either committed or invisible (a group becomes visible at once),
+    and replaying any of them writes nothing twice. At most `max_in_flight` shards wait or are
+    being committed (so at most that many share a commit, and their tables are what the writer
+    holds in memory); `submit` blocks until some are done when that many are.
 
     A shard is committed once the future `submit` returns has its `CommitResult`, and every
-    submitted shard once `flush` or `close` returns. A failed commit stops the writer: later
-    shards are not committed (their futures fail), and the error is raised by the next `submit`,
-    `flush` or `close`; replay the shards that did not commit (it is safe). Use it as a context
-    manager, which closes it (waiting for every commit) on the way out. Submit from one thread.
+    submitted shard once `flush` or `close` returns. A failed commit stops the writer: the shards
+    of that commit and every later one are not committed (their futures fail), and the error is
+    raised by the next `submit`, `flush` or `close`; replay the shards that did not commit (it is
+    safe). Use it as a context manager, which closes it (waiting for every commit) on the way out.
+    Submit from one thread.
     """
 
-    def __init__(self, store: TrajectoryStore, *, max_in_flight: int = 2) -> None:
+    def __init__(self, store: TrajectoryStore, *, max_in_flight: int = 8) -> None:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
         self.store = store
         self.max_in_flight = max_in_flight
         self._pending: deque[Future[CommitResult]] = deque()
+        # Shards submitted and not yet taken by the writer's thread, with their futures.
+        self._queue: deque[tuple[_PreparedShard, Future[CommitResult]]] = deque()
+        self._queue_lock = threading.Lock()
         # Used by the writer's thread only, one commit at a time; handed back on close.
         self._handles = store._take_handles()
         self._executor: ThreadPoolExecutor | None = None
@@ -1472,7 +1502,11 @@ class ShardWriter:
         self._raise_failure()
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="rollyard-shard-writer")
-        future = self._executor.submit(self._commit, prepared)
+        future: Future[CommitResult] = Future()
+        with self._queue_lock:
+            self._queue.append((prepared, future))
+        # One task per shard; a task finding the queue emptied by an earlier one does nothing.
+        self._executor.submit(self._commit_queued)
         self._pending.append(future)
         return future
 
@@ -1497,19 +1531,32 @@ class ShardWriter:
                 self._closed = True
                 self.store._give_back_handles(self._handles)
 
-    def _commit(self, prepared: _PreparedShard) -> CommitResult:
-        # Runs on the writer's thread, one shard at a time, in the order submitted.
+    def _commit_queued(self) -> None:
+        # Runs on the writer's thread: commits everything queued so far as one group, in order.
+        with self._queue_lock:
+            group = list(self._queue)
+            self._queue.clear()
+        if not group:
+            return
         failure = self._failure
         if failure is not None:
-            raise CommitError(
-                f"{prepared.source}: not committed, because an earlier shard of this writer "
-                f"failed ({_first_line(failure)}); replay it, it is safe to"
-            )
+            for prepared, future in group:
+                future.set_exception(
+                    CommitError(
+                        f"{prepared.source}: not committed, because an earlier shard of this "
+                        f"writer failed ({_first_line(failure)}); replay it, it is safe to"
+                    )
+                )
+            return
         try:
-            return self.store._commit_prepared(prepared, self._handles)
+            results = self.store._commit_group([prepared for prepared, _ in group], self._handles)
         except BaseException as error:
             self._failure = error
-            raise
+            for _, future in group:
+                future.set_exception(error)
+            return
+        for (_, future), result in zip(group, results, strict=True):
+            future.set_result(result)
 
     def _collect(self) -> None:
         while self._pending and self._pending[0].done():

@@ -231,7 +231,7 @@ WRITER = textwrap.dedent(
         original = storage.store.TrajectoryStore._write
         def write_then_die(self, table, data, **kwargs):
             original(self, table, data, **kwargs)
-            if "step" in data.column_names:
+            if kwargs["spec"].name == "steps":
                 os.kill(os.getpid(), signal.SIGKILL)
         storage.store.TrajectoryStore._write = write_then_die
     store = TrajectoryStore(root)
@@ -425,9 +425,11 @@ def crash_after_steps(store: TrajectoryStore, run_id: str, iteration: int, shard
 
     original = TrajectoryStore._write
 
-    def write_then_crash(self: TrajectoryStore, table: Any, data: pa.Table, **kwargs: Any) -> None:
+    def write_then_crash(
+        self: TrajectoryStore, table: Any, data: pa.Table | None, **kwargs: Any
+    ) -> None:
         original(self, table, data, **kwargs)
-        if "step" in data.column_names:
+        if kwargs["spec"].name == "steps":
             raise Crash
 
     episodes, steps = make_shard(run_id, iteration, shard, n_episodes=5, max_steps=3)
