@@ -122,7 +122,7 @@ def test_shards_queued_behind_a_failed_commit_are_not_committed(
     # when shard 1 arrived; shard 2 fails with shard 1's commit or is refused after it.
     with pytest.raises(CommitError, match="disk full"):
         futures[1].result()
-    with pytest.raises(CommitError, match="disk full|earlier shard of this writer failed"):
+    with pytest.raises(CommitError, match=r"disk full|earlier shard of this writer failed"):
         futures[2].result()
     first_committed = futures[0].exception() is None
     assert store.committed_shards("run", 0) == ([0] if first_committed else [])
