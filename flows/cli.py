@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "flows.commands.train",
     "flows.commands.audit",
     "flows.commands.query",
+    "flows.commands.store",
     "flows.commands.task_import",
     "flows.commands.curate",
     "flows.commands.serve",

@@ -115,10 +115,21 @@ Rows: TypeAlias = Sequence[Mapping[str, Any] | EpisodeRecord | StepRecord]
 TableInput: TypeAlias = pa.Table | pa.RecordBatch | str | os.PathLike[str] | Rows
 
 
-def unnest_steps(episodes: TableInput, source: str) -> tuple[list[Any], list[Any]] | None:
+@dataclass(frozen=True, slots=True)
+class GivenColumn:
+    """A column supplied beside the rows (see `_merge_given`): its Python values, and the same
+    values as an Arrow array when the caller has one (used instead of converting the values)."""
+
+    values: list[Any]
+    array: pa.Array | None = None
+
+
+def unnest_steps(
+    episodes: TableInput, source: str
+) -> tuple[list[Any], list[Any], list[int]] | None:
     """The steps of episodes given as mappings with their steps nested under "steps" (as a rollout
-    loop produces them and peers dump them as JSONL), flattened in order, and each step's episode
-    id; None when the episodes carry no "steps" key.
+    loop produces them and peers dump them as JSONL), flattened in order, each step's episode id,
+    and each episode's number of steps; None when the episodes carry no "steps" key.
     """
     if not isinstance(episodes, list | tuple) or not episodes:
         return None
@@ -137,8 +148,9 @@ def unnest_steps(episodes: TableInput, source: str) -> tuple[list[Any], list[Any
             "steps of every episode or of none"
         ) from None
     steps = list(itertools.chain.from_iterable(nested))
-    owners = list(itertools.chain.from_iterable(map(itertools.repeat, ids, map(len, nested))))
-    return steps, owners
+    counts = list(map(len, nested))
+    owners = list(itertools.chain.from_iterable(map(itertools.repeat, ids, counts)))
+    return steps, owners, counts
 
 
 def read_parquet_file(path: str | os.PathLike[str]) -> pa.Table:
@@ -193,7 +205,7 @@ def _rows_to_table(
     rows: Rows,
     source: str,
     ignore: frozenset[str] = frozenset(),
-    given: Mapping[str, list[Any]] | None = None,
+    given: Mapping[str, GivenColumn] | None = None,
 ) -> pa.Table:
     names = spec.schema.names
     known = set(names)
@@ -235,34 +247,41 @@ def _rows_to_table(
         columns = {
             f.name: [d.get(f.name, defaults.get(f.name)) for d in dicts] for f in spec.schema
         }
-        for name, values in (given or {}).items():
-            columns[name] = [d.get(name, value) for d, value in zip(dicts, values, strict=True)]
+        for name, column in (given or {}).items():
+            columns[name] = [
+                d.get(name, value) for d, value in zip(dicts, column.values, strict=True)
+            ]
     return _columns_to_table(spec, _merge_given(columns, given, source), len(dicts), source)
 
 
 def _merge_given(
-    columns: dict[str, list[Any]], given: Mapping[str, list[Any]] | None, source: str
-) -> dict[str, list[Any]]:
+    columns: dict[str, list[Any] | pa.Array],
+    given: Mapping[str, GivenColumn] | None,
+    source: str,
+) -> dict[str, list[Any] | pa.Array]:
     """Columns supplied beside the rows (a nested step's episode id): used where the rows leave
     the field out, checked where they hold it."""
-    for name, values in (given or {}).items():
+    for name, column in (given or {}).items():
         found = columns.get(name)
-        if found is None:
-            columns[name] = values
-        elif found != values:
-            row = next(i for i, (a, b) in enumerate(zip(found, values, strict=True)) if a != b)
-            raise RecordError(
-                f"{source}: row {row} has {name}={found[row]!r} but is nested under "
-                f"{name}={values[row]!r}"
-            )
+        # Comparing two lists of the same string objects runs at C speed.
+        if found is None or found == column.values:
+            columns[name] = column.array if column.array is not None else column.values
+            continue
+        values = column.values
+        row = next(i for i, (a, b) in enumerate(zip(found, values, strict=True)) if a != b)
+        raise RecordError(
+            f"{source}: row {row} has {name}={found[row]!r} but is nested under "
+            f"{name}={values[row]!r}"
+        )
     return columns
 
 
 def _columns_to_table(
-    spec: TableSpec, columns: Mapping[str, list[Any]], num_rows: int, source: str
+    spec: TableSpec, columns: Mapping[str, list[Any] | pa.Array], num_rows: int, source: str
 ) -> pa.Table:
-    """Python value lists by field name as a table of `spec.schema`; absent fields get their
-    default (or null), nulls in fields with a default get the default."""
+    """Python value lists (or arrays of the field's type) by field name as a table of
+    `spec.schema`; absent fields get their default (or null), nulls in fields with a default get
+    the default."""
     defaults = DEFAULTS.get(spec.name, {})
     arrays = []
     for f in spec.schema:
@@ -275,7 +294,7 @@ def _columns_to_table(
                 arrays.append(pa.repeat(pa.scalar(default, type=f.type), num_rows))
             continue
         try:
-            array = pa.array(values, type=f.type)
+            array = values if isinstance(values, pa.Array) else pa.array(values, type=f.type)
         except (pa.ArrowException, TypeError, ValueError) as error:
             raise RecordError(
                 f"{source}: field {f.name!r} of table {spec.name!r} expects {f.type}: {error}"
@@ -324,7 +343,7 @@ def conform(
     source: str,
     overwrite: Mapping[str, Any] | None = None,
     ignore: frozenset[str] = frozenset(),
-    given: Mapping[str, list[Any]] | None = None,
+    given: Mapping[str, GivenColumn] | None = None,
 ) -> pa.Table:
     """Return `data` as an Arrow table with exactly `spec.schema`, or raise naming what is wrong.
 

@@ -94,7 +94,7 @@ from storage.errors import (
     StoreNotFoundError,
 )
 from storage.queries import DERIVED_VIEWS, NAMED_QUERIES
-from storage.records import NESTED_STEPS, TableInput, conform, unnest_steps
+from storage.records import NESTED_STEPS, GivenColumn, TableInput, conform, unnest_steps
 from storage.schemas import (
     CHECKPOINTS,
     EPISODES,
@@ -663,7 +663,7 @@ class TrajectoryStore:
             wait(catching_up)
         return self._commit_group([prepared], handles, catching_up)[0]
 
-    def shard_writer(self, *, max_in_flight: int = 8) -> ShardWriter:
+    def shard_writer(self, *, max_in_flight: int = 16) -> ShardWriter:
         """A writer that commits shards on a background thread while the caller goes on.
 
         For a caller that commits many shards one after another: `submit` converts and checks a
@@ -829,15 +829,13 @@ class TrajectoryStore:
     ) -> tuple[pa.Table, pa.Table]:
         """A shard's records as checked episodes and steps tables (steps capped)."""
         nested = unnest_steps(episodes, f"episodes of {source}")
-        owners: dict[str, list[Any]] | None = None
-        if nested is not None:
-            if not isinstance(steps, pa.Table | pa.RecordBatch | str | os.PathLike) and not steps:
-                steps, owners = nested[0], {"episode_id": nested[1]}
-            else:
-                raise RecordError(
-                    f"{source}: steps given both nested in the episodes and as `steps`; pass "
-                    "them one way"
-                )
+        if nested is not None and (
+            isinstance(steps, pa.Table | pa.RecordBatch | str | os.PathLike) or steps
+        ):
+            raise RecordError(
+                f"{source}: steps given both nested in the episodes and as `steps`; pass them "
+                "one way"
+            )
         episode_table = conform(
             EPISODES,
             episodes,
@@ -846,6 +844,17 @@ class TrajectoryStore:
             source=f"episodes of {source}",
             ignore=_NESTED if nested is not None else frozenset(),
         )
+        owners: dict[str, GivenColumn] | None = None
+        if nested is not None:
+            steps, owner_ids, counts = nested
+            # Nested steps take their episode's id: the converted ids, repeated, instead of
+            # converting the same strings again for every step.
+            positions = np.repeat(np.arange(len(counts)), counts)
+            owners = {
+                "episode_id": GivenColumn(
+                    owner_ids, episode_table.column("episode_id").combine_chunks().take(positions)
+                )
+            }
         step_table = conform(
             STEPS, steps, key=key, overwrite=overwrite, source=f"steps of {source}", given=owners
         )
@@ -1449,7 +1458,7 @@ class ShardWriter:
     Submit from one thread.
     """
 
-    def __init__(self, store: TrajectoryStore, *, max_in_flight: int = 8) -> None:
+    def __init__(self, store: TrajectoryStore, *, max_in_flight: int = 16) -> None:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
         self.store = store

@@ -1,0 +1,80 @@
+"""`rollyard store`: maintenance of a trajectory store (`vacuum`)."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import timedelta
+from typing import Any
+
+from flows.cli import CliError, positive_float
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "store",
+        help="maintain a trajectory store (vacuum steps no reader sees)",
+        description="Maintenance of a trajectory store.",
+    )
+    commands = parser.add_subparsers(dest="store_command", required=True, metavar="COMMAND")
+    vacuum = commands.add_parser(
+        "vacuum",
+        help="remove steps of lost or abandoned shard commits from the steps table",
+        description=(
+            "Remove from the steps table the files of shard commits that lost to another commit "
+            "of the same shard (readers already leave them out), in one Delta commit. Optionally "
+            "also the steps of shards never committed, and delete unreferenced files from disk."
+        ),
+    )
+    vacuum.add_argument("--store", default=".rollyard", help="store root (default: ./.rollyard)")
+    vacuum.add_argument(
+        "--uncommitted-older-than",
+        type=positive_float,
+        metavar="HOURS",
+        help=(
+            "also remove steps of shards never committed, written more than HOURS ago; only "
+            "when no writer of those shards can still be running"
+        ),
+    )
+    vacuum.add_argument(
+        "--retention-hours",
+        type=non_negative_int,
+        metavar="HOURS",
+        help=(
+            "then delete from disk the files no table version newer than HOURS references "
+            "(Delta vacuum on episodes and steps); 0 only with no writer running"
+        ),
+    )
+    vacuum.set_defaults(handler=vacuum_command)
+
+
+def vacuum_command(args: argparse.Namespace) -> int:
+    from storage import StoreError, TrajectoryStore
+
+    older_than = (
+        timedelta(hours=args.uncommitted_older_than)
+        if args.uncommitted_older_than is not None
+        else None
+    )
+    try:
+        store = TrajectoryStore(args.store, create=False)
+        result = store.vacuum(
+            uncommitted_older_than=older_than, retention_hours=args.retention_hours
+        )
+    except StoreError as error:
+        raise CliError(str(error)) from error
+    print(
+        f"removed {len(result.removed_files)} steps file(s) ({result.removed_rows} rows) from the "
+        f"steps table; deleted {len(result.deleted_files)} file(s) from disk"
+    )
+    return 0
