@@ -6,11 +6,11 @@ query over all steps (DuckDB over the store) against pandas over the JSONL; and 
 memory of each query process. Both writers get the same in-memory Python records (episodes with
 their steps nested), generated in batches of shards outside the timed sections. The store commits
 them three ways, each into its own store: through a shard writer (`TrajectoryStore.shard_writer`,
-what a caller committing shards in sequence uses; shard N's commits overlap converting shard N+1,
-and the clock stops only once every shard of the batch is committed), one
-`commit_iteration_shard` call after another, and as Arrow tables through a shard writer (built
-outside the clock). A store commit is complete once both tables are committed, exactly once;
-neither side syncs to disk.
+what a caller committing shards in sequence uses; its thread commits the shards queued meanwhile
+as one group while the caller converts the next ones, and the clock stops only once every shard
+of the batch is committed), one `commit_iteration_shard` call after another, and as Arrow tables
+through a shard writer (built outside the clock). A store shard is complete once both tables are
+committed, exactly once; neither side syncs to disk.
 
     python benchmarks/store.py                 # 10 million steps (a few minutes, a few GB of disk)
     python benchmarks/store.py --steps 400000  # a quick check
