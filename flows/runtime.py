@@ -48,6 +48,17 @@ def quiet_environment() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+# The server gets SIGTERM when the process that started it dies, even by SIGKILL, so a killed
+# `rollyard` leaves no server behind (`stop` handles every orderly exit). The kernel sends it when
+# the starting *thread* exits, so start the server from a thread that lives as long as the server
+# is needed (the main thread, as every caller here does).
+_DIE_WITH_PARENT = (
+    ["setpriv", "--pdeathsig", "TERM"]
+    if sys.platform == "linux" and shutil.which("setpriv")
+    else []
+)
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -79,6 +90,7 @@ class LocalPrefectServer:
         log = (self.home / "server.log").open("ab")
         self._process = subprocess.Popen(
             [
+                *_DIE_WITH_PARENT,
                 prefect,
                 "server",
                 "start",

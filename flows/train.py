@@ -14,14 +14,14 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
-from prefect.futures import as_completed
+from prefect.futures import wait as wait_for_futures
 
 from flows.artifacts import publish_iteration_artifacts
 from storage import TrajectoryStore
@@ -80,6 +80,10 @@ class TrainSettings:
     """`replay` the recorded actions into a fresh sandbox, or `restart` the episode."""
     faults: FaultPlan | None = None
     """Injected faults, for the fault-injection suite and benchmark only."""
+    no_worker_timeout_s: float = 120.0
+    """How long the flow waits while the Dask cluster has no worker at all before it fails with
+    a `NoWorkersError` (queued shards would otherwise wait without end); the run continues from
+    its last finished iteration with `resume`."""
     gate_on_failure: str = "continue"
     """What a failed quality gate does besides quarantining the iteration: `continue` training
     (the quarantined batch is not trained on) or `stop` the run. Thresholds come from
@@ -92,6 +96,10 @@ class TrainSettings:
             raise ValueError(f"max_policy_lag must be >= 1, got {self.max_policy_lag}")
         if self.iterations < 1:
             raise ValueError(f"iterations must be >= 1, got {self.iterations}")
+        if not self.no_worker_timeout_s > 0:
+            raise ValueError(
+                f"no_worker_timeout_s must be positive, got {self.no_worker_timeout_s}"
+            )
         if self.gate_on_failure not in ("continue", "stop"):
             raise ValueError(
                 f"gate_on_failure must be 'continue' or 'stop', got {self.gate_on_failure!r}"
@@ -124,6 +132,67 @@ def _report(event: str, **values: Any) -> None:
 @task(name="rollout_shard", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
 def rollout_shard(request: ShardRequest, store_root: str) -> ShardOutcome:
     return rollout_shard_and_commit(request, store_root)
+
+
+class NoWorkersError(RuntimeError):
+    """The Dask cluster had no worker for longer than the settings allow, with shards queued."""
+
+
+# How often the flow looks at the cluster while it waits for shards.
+WORKER_CHECK_INTERVAL_S = 5.0
+
+
+def dask_worker_count() -> int | None:
+    """Workers connected to the Dask scheduler of the running flow's task runner; None outside a
+    flow, under another task runner, or when the scheduler does not answer."""
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    try:
+        client = getattr(context.task_runner, "client", None) if context else None
+        if client is None:
+            return None
+        return len(client.scheduler_info(n_workers=-1)["workers"])
+    except Exception:  # a runner not started, or a scheduler that went away: nothing to tell
+        return None
+
+
+def completed_while_workers_remain(
+    futures: list[Any],
+    *,
+    no_worker_timeout_s: float,
+    check_interval_s: float = WORKER_CHECK_INTERVAL_S,
+    worker_count: Callable[[], int | None] = dask_worker_count,
+) -> Iterator[Any]:
+    """Yield `futures` as they finish (within `check_interval_s`), and raise `NoWorkersError`
+    once the cluster has had no worker for `no_worker_timeout_s` with some still unfinished.
+
+    A scheduler keeps tasks queued while it has no worker (every worker lost, a cluster scaled
+    to zero), so waiting for them alone could last forever. Workers that come back (a nanny's
+    restart, an autoscaler) reset the clock; a slow shard on a live worker never trips it.
+    """
+    pending = list(futures)
+    idle_since: float | None = None
+    while pending:
+        # Prefect's bounded wait, not `as_completed(timeout=...)`: the latter's timeout also
+        # covers the caller's code between two yields.
+        done, _ = wait_for_futures(pending, timeout=check_interval_s)
+        finished = [future for future in pending if future in done]
+        pending = [future for future in pending if future not in done]
+        if finished:
+            idle_since = None
+        elif worker_count() == 0:
+            now = time.monotonic()
+            idle_since = idle_since if idle_since is not None else now
+            if now - idle_since >= no_worker_timeout_s:
+                raise NoWorkersError(
+                    f"the Dask cluster has had no worker for {now - idle_since:.0f} s with "
+                    f"{len(pending)} shard(s) still queued; start workers (or check why they "
+                    "died: memory, the machine) and rerun with --resume"
+                )
+        else:
+            idle_since = None
+        yield from finished
 
 
 class GateStoppedRun(RuntimeError):
@@ -241,7 +310,9 @@ def train(settings: TrainSettings) -> list[IterationSummary]:
                 submit(ahead, policy_lag=ahead - iteration)
         submitted = in_flight.pop(iteration)
         outcomes: list[ShardOutcome] = []
-        for future in as_completed(submitted.futures):
+        for future in completed_while_workers_remain(
+            submitted.futures, no_worker_timeout_s=settings.no_worker_timeout_s
+        ):
             outcome = future.result()
             outcomes.append(outcome)
             _report(

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from flows.cli import EXIT_USAGE, CliError, positive_int
+from flows.cli import EXIT_USAGE, CliError, positive_float, positive_int
 
 DEMO_TASK_COUNT = 32
 DEMO_DIFFICULTY = {"easy": 1.0}
@@ -91,6 +91,13 @@ def _common_train_options(
         help="after a failed quality gate (the iteration is quarantined either way)",
     )
     parser.add_argument(
+        "--no-worker-timeout",
+        type=positive_float,
+        default=120.0,
+        metavar="SECONDS",
+        help="fail the run after the Dask cluster has had no worker this long (default 120)",
+    )
+    parser.add_argument(
         "--schedule",
         choices=("longest_first", "round_robin"),
         default="longest_first",
@@ -118,6 +125,7 @@ def _settings(args: argparse.Namespace, tasks_dir: Path) -> Any:
         gate_on_failure=args.gate_on_failure,
         max_attempts=args.max_attempts,
         recovery_mode=args.recovery_mode,
+        no_worker_timeout_s=args.no_worker_timeout,
     )
 
 
@@ -125,7 +133,7 @@ def _run_with_progress(settings: Any, args: argparse.Namespace) -> list[Any]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from flows.train import run_training, set_progress_hook
+    from flows.train import GateStoppedRun, NoWorkersError, run_training, set_progress_hook
 
     console = Console(stderr=True)
     progress = Progress(
@@ -173,6 +181,9 @@ def _run_with_progress(settings: Any, args: argparse.Namespace) -> list[Any]:
     try:
         with progress:
             return run_training(settings, workers=args.workers, dask_address=args.dask_address)
+    except (NoWorkersError, GateStoppedRun) as error:
+        # The run stopped for a reason the user acts on; what it committed stays (--resume).
+        raise CliError(str(error)) from error
     finally:
         set_progress_hook(None)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.train import GateStoppedRun, TrainSettings, run_training
+from flows.train import GateStoppedRun, NoWorkersError, TrainSettings, run_training
 from storage import TrajectoryStore
 from training.iteration import completed_iterations
 from training.recovery import FaultPlan
@@ -132,6 +132,33 @@ def test_lost_workers_lose_no_episode(demo_tasks: Path, dask_address: str, tmp_p
     faults = FaultPlan(worker_kill=0.25, seed=1, marker_dir=str(tmp_path / "markers"))
     run_training(_settings(demo_tasks, store, faults=faults), dask_address=dask_address)
     assert any((tmp_path / "markers").iterdir()), "no worker was killed: raise the rate"
+    assert_exactly_once(store, "t", 2)
+
+
+def test_a_cluster_without_workers_fails_the_run_instead_of_waiting(
+    demo_tasks: Path, prefect_server: str, tmp_path: Path
+) -> None:
+    from distributed import LocalCluster
+
+    store = tmp_path / "store"
+    # A scheduler whose workers are all gone: its queued shards would wait forever.
+    with LocalCluster(
+        n_workers=0, processes=True, dashboard_address=None, threads_per_worker=1
+    ) as cluster:
+        started = time.monotonic()
+        with pytest.raises(NoWorkersError, match=r"no worker for .* --resume"):
+            run_training(
+                _settings(demo_tasks, store, no_worker_timeout_s=3.0),
+                dask_address=cluster.scheduler_address,
+            )
+        assert time.monotonic() - started < 120
+        assert completed_iterations(TrajectoryStore(str(store)), "t") == []
+        # Workers come back: the run resumes and every episode is committed once.
+        cluster.scale(2)
+        cluster.wait_for_workers(2, timeout=120)
+        run_training(
+            _settings(demo_tasks, store, resume=True), dask_address=cluster.scheduler_address
+        )
     assert_exactly_once(store, "t", 2)
 
 
