@@ -2,9 +2,12 @@
 
 One row per trajectory: the conversation as OpenAI chat `messages` (system, user instruction,
 assistant tool calls, tool answers — the same rendering the chat policy prompts with), the
-reward, the group-relative advantage (`training.grpo.group_advantages`), and the token ids and
-log-probabilities a served model returned. `datasets.load_dataset("parquet", data_files=...)`
-reads it as is; TRL/OpenRLHF-style trainers take `messages` + `reward`/`advantage`.
+reward, the group-relative advantage (`training.grpo.group_advantages`), the advantage each
+action trains with in the built-in trainer (`step_advantages`: the group advantage plus the
+action's trial credit; null for an action that carries no signal), and the token ids and
+log-probabilities a served model returned, one list per action. `datasets.load_dataset("parquet",
+data_files=...)` reads it as is; TRL/OpenRLHF-style trainers take `messages` + `reward`/
+`advantage`, or `step_advantages` for per-action credit.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import pyarrow.parquet as pq
 
 from training.actions import history_messages
 from training.chat_policy import SYSTEM_PROMPT
-from training.grpo import GRPOConfig, group_advantages
+from training.grpo import GRPOConfig, group_advantages, step_advantages
 from training.policy import ChatRecord
 from training.trajectory import Trajectory
 
@@ -47,6 +50,7 @@ EXPORT_SCHEMA = pa.schema(
         ("messages", pa.list_(MESSAGE_TYPE)),
         ("reward", pa.float64()),
         ("advantage", pa.float64()),
+        ("step_advantages", pa.list_(pa.float64())),
         ("passed", pa.bool_()),
         ("completion_token_ids", pa.list_(pa.list_(pa.int64()))),
         ("completion_logprobs", pa.list_(pa.list_(pa.float64()))),
@@ -61,14 +65,18 @@ def export_rows(
     config: GRPOConfig | None = None,
     include_masked: bool = False,
 ) -> list[dict[str, Any]]:
-    """Rows of the export, one per trajectory. Masked trajectories (error statuses, groups with
-    infra failures, zero-variance groups) are left out unless `include_masked`, then with a
-    null advantage."""
+    """Rows of the export, one per trajectory. Trajectories none of whose actions carries a
+    signal (error statuses, groups with infra failures, zero-variance groups without a credited
+    trial) are left out unless `include_masked`, then with null advantages."""
     advantages, _ = group_advantages(trajectories, config)
+    per_step = step_advantages(trajectories, config, advantages=advantages)
     rows = []
     for trajectory in trajectories:
         advantage = advantages.get(trajectory.episode_id)
-        if advantage is None and not include_masked:
+        action_advantages = [
+            per_step.get((trajectory.episode_id, s.index)) for s in trajectory.steps
+        ]
+        if all(a is None for a in action_advantages) and not include_masked:
             continue
         messages = []
         for message in history_messages(trajectory.history(), system_prompt=SYSTEM_PROMPT):
@@ -102,6 +110,7 @@ def export_rows(
                 "messages": messages,
                 "reward": trajectory.reward,
                 "advantage": advantage,
+                "step_advantages": action_advantages,
                 "passed": trajectory.passed,
                 "completion_token_ids": token_ids,
                 "completion_logprobs": logprobs,

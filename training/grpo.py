@@ -7,11 +7,13 @@ Read top to bottom like CleanRL's ppo.py:
    `normalize_by_std`). Groups that cannot teach anything are masked *explicitly* and counted:
    groups whose rewards are all equal (zero variance: every advantage would be 0) and groups
    holding infra failures (sandbox, verifier, task or policy errors: no reward to compare).
-2. `GRPOTrainer.update` — every action of a trajectory shares its advantage; for `epochs`
+2. `step_advantages` — every action of a trajectory shares its advantage, and each trial
+   (`TryEdit`) adds its credit (`trial_credits`: kept or reverted, against its group's trials).
+3. `GRPOTrainer.update` — for `epochs`
    passes over minibatches it recomputes log π(a|s) from the stored candidate features, forms the
    ratio against the log-probability recorded when the action was sampled, and minimizes
    -min(ratio·A, clip(ratio, 1-ε, 1+ε)·A) averaged over actions, minus an entropy bonus.
-3. Metrics come back as an `UpdateMetrics` value (`as_dict()` for the store's metrics table);
+4. Metrics come back as an `UpdateMetrics` value (`as_dict()` for the store's metrics table);
    `state_dict()` holds policy + optimizer for checkpoints.
 """
 
@@ -21,7 +23,7 @@ import dataclasses
 import math
 import random
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -226,6 +228,34 @@ def trial_credits(
     return credits
 
 
+def step_advantages(
+    trajectories: Sequence[Trajectory],
+    config: GRPOConfig | None = None,
+    *,
+    advantages: Mapping[str, float] | None = None,
+) -> dict[tuple[str, int], float]:
+    """The advantage each action trains with, per (episode id, step index): its episode's group
+    advantage plus `trial_credit_weight` times its trial credit. Actions left out carry no
+    signal (masked episodes, and the untried actions of a zero-variance group). `advantages`
+    are the episodes' `group_advantages`, when the caller already has them."""
+    config = config or GRPOConfig()
+    if advantages is None:
+        advantages, _ = group_advantages(trajectories, config)
+    credits = trial_credits(trajectories, config)
+    weight = config.trial_credit_weight
+    result: dict[tuple[str, int], float] = {}
+    for trajectory in trajectories:
+        advantage = advantages.get(trajectory.episode_id)
+        for step in trajectory.steps:
+            credit = credits.get((trajectory.episode_id, step.index))
+            if advantage is None and credit is None:
+                continue
+            result[(trajectory.episode_id, step.index)] = (advantage or 0.0) + weight * (
+                credit or 0.0
+            )
+    return result
+
+
 def clipped_objective(
     new_logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -265,23 +295,17 @@ class GRPOTrainer:
         self._random = random.Random(self.config.seed)
 
     def _samples(
-        self,
-        trajectories: Sequence[Trajectory],
-        advantages: dict[str, float],
-        credits: dict[tuple[str, int], float],
+        self, trajectories: Sequence[Trajectory], advantages: Mapping[tuple[str, int], float]
     ) -> list[_Sample]:
-        """One sample per action that carries a signal: every action of an episode with an
-        advantage, plus the credited trials of episodes whose group had none (all rewards
-        equal)."""
+        """One sample per action that carries a signal (`step_advantages`): every action of an
+        episode with an advantage, plus the credited trials of episodes whose group had none
+        (all rewards equal)."""
         samples = []
-        weight = self.config.trial_credit_weight
         for trajectory in trajectories:
-            advantage = advantages.get(trajectory.episode_id)
             for step in trajectory.steps:
-                credit = credits.get((trajectory.episode_id, step.index))
-                if advantage is None and credit is None:
+                step_advantage = advantages.get((trajectory.episode_id, step.index))
+                if step_advantage is None:
                     continue
-                step_advantage = (advantage or 0.0) + weight * (credit or 0.0)
                 if not isinstance(step.record, ScorerRecord) or step.logprob is None:
                     raise TrainerError(
                         f"episode {trajectory.episode_id} step {step.index} has no candidate-scorer "
@@ -299,7 +323,9 @@ class GRPOTrainer:
         config = self.config
         version_before = self.policy.version
         advantages, stats = group_advantages(trajectories, config)
-        samples = self._samples(trajectories, advantages, trial_credits(trajectories, config))
+        samples = self._samples(
+            trajectories, step_advantages(trajectories, config, advantages=advantages)
+        )
         rewards = [t.reward for t in trajectories if t.trainable and t.reward is not None]
         reward_tensor = torch.tensor(rewards, dtype=torch.float64)
         passed = [t for t in trajectories if t.trainable and t.passed]

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from training.actions import TRIAL_KEPT, TRIAL_REVERTED, Observation, Submit, TryEdit
+from training.actions import TRIAL_KEPT, TRIAL_REVERTED, Observation, RunCommand, Submit, TryEdit
 from training.candidates import FEATURE_COUNT, FEATURE_NAMES, Candidate
 from training.grpo import (
     GRPOConfig,
@@ -21,6 +21,7 @@ from training.grpo import (
     group_advantages,
     load_checkpoint,
     save_checkpoint,
+    step_advantages,
     trial_credits,
 )
 from training.policy import ScorerRecord
@@ -144,6 +145,34 @@ def test_trial_credits_tell_kept_trials_from_reverted_ones_within_a_group() -> N
     assert credits[(third, 1)] == pytest.approx(0.75)
     assert not any(key[0] == fifth for key in credits)
     assert abs(sum(v for k, v in credits.items() if k[0] in (first, second))) < 1e-9
+
+
+def test_step_advantages_add_trial_credit_to_the_episode_advantage() -> None:
+    reverted, kept = _trial(0, kept=False), _trial(1, kept=True)
+    run = RunCommand("python -m pytest -q")
+    plain = Step(2, run, Observation("1 failed", 1), 0.0, 0.0)
+    batch = [
+        make_trajectory(0, 0, 1.0, steps=(reverted, kept, plain)),
+        make_trajectory(0, 1, 0.0, steps=(reverted, _trial(1, kept=False), plain)),
+        make_trajectory(1, 0, 0.0, steps=(_trial(0, kept=True), plain)),  # zero variance
+        make_trajectory(1, 1, 0.0, steps=(reverted, plain)),
+    ]
+    config = GRPOConfig(trial_credit_weight=0.5)
+    advantages, _ = group_advantages(batch, config)
+    credits = trial_credits(batch, config)
+    per_step = step_advantages(batch, config)
+    first, second, third, fourth = (t.episode_id for t in batch)
+    for episode_id in (first, second):
+        for index in range(3):
+            expected = advantages[episode_id] + 0.5 * credits.get((episode_id, index), 0.0)
+            assert per_step[(episode_id, index)] == pytest.approx(expected)
+    # A zero-variance group trains on its trials only.
+    assert per_step[(third, 0)] == pytest.approx(0.5 * 0.5) and (third, 2) not in per_step
+    assert per_step[(fourth, 0)] == pytest.approx(-0.5 * 0.5) and (fourth, 2) not in per_step
+    # Without trial credit it is the episode advantage on every action of a trained group.
+    plain_grpo = step_advantages(batch, GRPOConfig(trial_credit_weight=0.0))
+    assert set(plain_grpo) == {(e, i) for e in (first, second) for i in range(3)}
+    assert plain_grpo[(first, 2)] == advantages[first]
 
 
 def test_trial_credit_trains_groups_whose_rewards_are_all_equal() -> None:

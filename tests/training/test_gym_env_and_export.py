@@ -138,6 +138,8 @@ def test_export_is_a_datasets_ready_parquet(tmp_path: Path) -> None:
     ]
     assert messages[3]["content"] == "1 failed"
     assert rows[0]["completion_token_ids"] == [[5, 6], [5, 6]]
+    # no trials here: every action trains with its episode's advantage
+    assert all(r["step_advantages"] == [r["advantage"]] * 2 for r in rows)
 
     # masked trajectories (an infra failure masks the whole group) only with include_masked
     failed = [*batch, _trajectory(3, None, EpisodeStatus.INFRA_ERROR)]
@@ -145,3 +147,19 @@ def test_export_is_a_datasets_ready_parquet(tmp_path: Path) -> None:
     kept = pq.read_table(export_batch(failed, tmp_path / "all.parquet", include_masked=True))
     assert kept.num_rows == 4 and kept.column("advantage").null_count == 4
     assert not list(tmp_path.glob("**/.*.partial"))
+
+
+def test_export_carries_per_action_trial_credit(tmp_path: Path) -> None:
+    from test_grpo import _trial, make_trajectory
+
+    # Both samples fail (zero variance, no episode advantage), but one's trial was kept: its
+    # actions still carry a signal, and the export says which.
+    batch = [
+        make_trajectory(0, 0, 0.0, steps=(_trial(0, kept=True), _trial(1, kept=False))),
+        make_trajectory(0, 1, 0.0, steps=(_trial(0, kept=False),)),
+    ]
+    rows = pq.read_table(export_batch(batch, tmp_path / "trials.parquet")).to_pylist()
+    assert [r["advantage"] for r in rows] == [None, None]
+    credit = 1.0 - 1.0 / 3.0  # kept, against the mean of the group's three trials
+    assert rows[0]["step_advantages"] == pytest.approx([credit, -1.0 / 3.0])
+    assert rows[1]["step_advantages"] == pytest.approx([-1.0 / 3.0])
