@@ -24,7 +24,6 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
-import hashlib
 import io
 import keyword
 import re
@@ -40,8 +39,8 @@ from training.actions import (
     Submit,
     TryEdit,
     failing_test_count,
-    trial_kept,
 )
+from training.edit_history import Edits, digest, normalize_path
 from training.proposers import DOMAIN_FEATURE_NAMES, domain_proposer_for
 
 DEFAULT_TEST_COMMAND = "python -m pytest -q"
@@ -239,17 +238,6 @@ def runnable_test_command(instruction: str) -> str:
     return f"{FAST_PYTEST_ENV} {command} -p no:cacheprovider"
 
 
-def _normalize_path(path: str) -> str:
-    path = path.removeprefix("/workspace/")
-    while path.startswith("./"):
-        path = path[2:]
-    return path
-
-
-def _digest(text: str) -> str:
-    return hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()[:16]
-
-
 _UNPARSED = object()
 
 
@@ -297,7 +285,7 @@ def _digest_failure(output: str, previous: _Failure) -> _Failure:
     for match in _TRACEBACK_LOCATION.finditer(output):
         path = match.group(1) or match.group(3)
         line = match.group(2) or match.group(4)
-        normalized = _normalize_path(path)
+        normalized = normalize_path(path)
         failure.paths.add(normalized)
         failure.traceback_lines.add((normalized, int(line)))
     for line in _SOURCE_LINE.findall(output):
@@ -324,7 +312,7 @@ def _read_situation(history: History) -> _Situation:
     instruction = history.instruction
     mentioned: dict[str, None] = {}
     for match in _PY_PATH.finditer(instruction):
-        mentioned[_normalize_path(match.group(1))] = None
+        mentioned[normalize_path(match.group(1))] = None
     situation = _Situation(
         instruction=instruction,
         test_command=runnable_test_command(instruction),
@@ -338,38 +326,30 @@ def _read_situation(history: History) -> _Situation:
     situation.failure.failing_test_stems = set(_FAILED_TEST_FILE.findall(instruction))
     if listed_failures:
         situation.failing = len(listed_failures)
+    edits = Edits()
     for turn in history.turns:
         action, observation = turn.action, turn.observation
         if isinstance(action, RunCommand):
             for match in _PY_PATH.finditer(observation.text):
-                mentioned[_normalize_path(match.group(1))] = None
+                mentioned[normalize_path(match.group(1))] = None
             if action.command == LIST_FILES_COMMAND:
                 situation.listed = True
             if "pytest" in action.command:
                 situation.tests_run = True
                 situation.failing = failing_test_count(observation.text, observation.exit_code)
                 situation.failure = _digest_failure(observation.text, situation.failure)
-        elif isinstance(action, ReadFile) and observation.exit_code == 0:
-            situation.files[_normalize_path(action.path)] = observation.text
-        elif isinstance(action, EditFile | TryEdit) and observation.exit_code is not None:
-            path = _normalize_path(action.path)
-            content = situation.files.get(path)
-            kept = isinstance(action, EditFile) or trial_kept(observation.text)
-            if isinstance(action, TryEdit):
-                situation.trials += 1
-                situation.last_trial_kept = kept
-            if content is None or action.old_text not in content:
-                continue
-            changed = content.replace(action.old_text, action.new_text, 1)
-            if kept:
-                situation.files[path] = changed
-            else:
-                situation.trials_reverted += 1
-                situation.tried.add((path, _digest(changed)))
-                situation.tried_lines.update((path, line) for line in action.old_text.split("\n"))
-            if isinstance(action, TryEdit) and kept:
-                situation.failing = failing_test_count(observation.text, observation.exit_code)
-                situation.failure = _digest_failure(observation.text, situation.failure)
+        # A kept trial on a file the agent knows also reports the tests it ran.
+        elif (
+            edits.record(action, observation)
+            and isinstance(action, TryEdit)
+            and edits.last_trial_kept
+        ):
+            situation.failing = failing_test_count(observation.text, observation.exit_code)
+            situation.failure = _digest_failure(observation.text, situation.failure)
+    situation.files = edits.files
+    situation.trials, situation.trials_reverted = edits.trials, edits.reverted
+    situation.last_trial_kept = edits.last_trial_kept
+    situation.tried, situation.tried_lines = edits.tried, edits.tried_lines
     situation.mentioned_paths = list(mentioned)
     return situation
 
@@ -653,7 +633,7 @@ def _failing_functions(situation: _Situation, path: str, functions: list[_Functi
 
 def _rank(key: str) -> str:
     """A fixed pseudo-random order (the same for the same edit in every episode)."""
-    return _digest(key)
+    return digest(key)
 
 
 def _edit_candidates(situation: _Situation) -> Iterator[Candidate]:
@@ -686,7 +666,7 @@ def _edit_candidates(situation: _Situation) -> Iterator[Candidate]:
                 target = "\n".join([*lines[:index], new_line, *lines[index + 1 :]])
                 if target in seen or target == current:
                     continue
-                if (path, _digest(target)) in situation.tried:
+                if (path, digest(target)) in situation.tried:
                     # The same file content was tried and reverted: the tests would fail the
                     # same way again (they are deterministic; the verifier's flakiness check
                     # admits only such tasks), so a second try is a wasted step.

@@ -160,3 +160,36 @@ def test_test_command_is_read_from_the_instruction() -> None:
         "(`pkg/a.py`, `pkg/b.py`) with a pytest suite in `tests/`.\n\n    python -m pytest tests\n"
     )
     assert find_test_command(demo) == "python -m pytest tests"
+
+
+def test_the_edit_digest_follows_reads_kept_edits_and_reverted_trials() -> None:
+    from training.actions import TRIAL_KEPT, TRIAL_REVERTED
+    from training.candidates import _read_situation
+    from training.edit_history import digest, follow_edits
+    from training.proposers.base import follow_edits as proposers_follow_edits
+
+    source = "def f(x):\n    return x < 1\n"
+    test = "python -m pytest -q"
+    turns = [
+        (ReadFile("/workspace/./pkg/a.py"), Observation(source, 0)),
+        # a failed edit (the path was refused) leaves the file as it was
+        (EditFile("pkg/a.py", "x < 1", "x > 1"), Observation("refused", 1)),
+        (TryEdit("pkg/a.py", "x < 1", "x <= 1", test, 1), Observation(f"{TRIAL_REVERTED}]", 1)),
+        (TryEdit("pkg/a.py", "return x", "return -x", test, 1), Observation(f"{TRIAL_KEPT}]", 0)),
+        # a trial on a file never read counts, but changes nothing known
+        (TryEdit("pkg/b.py", "y", "z", test, 1), Observation(f"{TRIAL_REVERTED}]", 1)),
+    ]
+    history = History("fix pkg/a.py")
+    for action, observation in turns:
+        history = history.append(action, observation)
+    edits = follow_edits(history)
+    assert proposers_follow_edits is follow_edits  # one digest for every proposer
+    assert edits.files == {"pkg/a.py": "def f(x):\n    return -x < 1\n"}
+    assert (edits.trials, edits.kept, edits.reverted) == (3, 1, 1)
+    assert not edits.last_trial_kept
+    assert edits.tried == {("pkg/a.py", digest(source.replace("x < 1", "x <= 1")))}
+    assert edits.tried_lines == {("pkg/a.py", "x < 1")}
+    # The bug-fix proposer reads the same digest.
+    situation = _read_situation(history)
+    assert situation.files == edits.files and situation.tried == edits.tried
+    assert (situation.trials, situation.trials_reverted) == (3, 1)
