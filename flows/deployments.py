@@ -18,7 +18,8 @@ from prefect.deployments.runner import RunnerDeployment
 from flows.curate import CurateParams, curate, task_dirs_from
 from flows.evaluate import EvaluateParams, evaluate
 from flows.runtime import dask_task_runner
-from flows.train import IterationSummary, TrainSettings, train
+from flows.train import TrainSettings, train
+from training.iteration import IterationSummary
 
 CURATE_DEPLOYMENT = "nightly-curation"
 EVALUATE_DEPLOYMENT = "evaluate-checkpoints"

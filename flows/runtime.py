@@ -192,7 +192,7 @@ def drain_prefect_clients(timeout_s: float = 10.0) -> None:
 def dask_task_runner(workers: int, dask_address: str | None) -> Any:
     """The Dask task runner of every flow: a running scheduler when `dask_address` is given,
     else a LocalCluster of `workers` single-threaded processes (an episode holds one core)."""
-    from prefect_dask import DaskTaskRunner
+    from prefect_dask.task_runners import DaskTaskRunner
 
     if dask_address:
         return DaskTaskRunner(address=dask_address)

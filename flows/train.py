@@ -37,6 +37,7 @@ from training.iteration import (
 )
 from training.recovery import FaultPlan, RecoveryPolicy
 from training.rollout import (
+    Schedule,
     ShardOutcome,
     ShardRequest,
     plan_iteration,
@@ -72,7 +73,7 @@ class TrainSettings:
     max_policy_lag: int = 1
     """Async only: how many updates behind the trainer a consumed episode's policy may be;
     staler episodes are not trained on (counted in the metrics)."""
-    schedule: str = "longest_first"
+    schedule: Schedule = "longest_first"
     """Shard planning: `longest_first` (durations predicted from the store) or `round_robin`."""
     max_attempts: int = 3
     """Attempts per episode after infra failures (sandbox crash, hang, OOM of the host)."""
@@ -99,6 +100,10 @@ class TrainSettings:
         if not self.no_worker_timeout_s > 0:
             raise ValueError(
                 f"no_worker_timeout_s must be positive, got {self.no_worker_timeout_s}"
+            )
+        if self.schedule not in ("longest_first", "round_robin"):
+            raise ValueError(
+                f"schedule must be 'longest_first' or 'round_robin', got {self.schedule!r}"
             )
         if self.gate_on_failure not in ("continue", "stop"):
             raise ValueError(
@@ -290,7 +295,7 @@ def train(settings: TrainSettings) -> list[IterationSummary]:
             recovery=recovery,
             faults=settings.faults,
             schedule=settings.schedule,
-            predicted_s=predicted,  # type: ignore[arg-type]
+            predicted_s=predicted,
             policy_lag=policy_lag,
         )
         futures = [rollout_shard.submit(request, settings.store) for request in requests]

@@ -232,7 +232,7 @@ class BwrapSandbox(Sandbox):
         try:
             argv = self._command_argv(command, env, seccomp_fd, status_write, cpu_time_s)
             with contextlib.ExitStack() as stack:
-                stdin_file: int | object = subprocess.DEVNULL
+                stdin_file: int = subprocess.DEVNULL
                 if stdin is not None:
                     data = stdin.encode() if isinstance(stdin, str) else stdin
                     spool = stack.enter_context(tempfile.TemporaryFile())

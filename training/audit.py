@@ -14,6 +14,7 @@ import difflib
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from sandboxes import SandboxPool
 from storage import GateResult, StoreError, TrajectoryStore
@@ -74,13 +75,16 @@ def task_index(tasks_dir: Path) -> dict[str, Path]:
     return index
 
 
-def top_episodes(store: TrajectoryStore, run_id: str, iteration: int, top_k: int) -> list[dict]:
+def top_episodes(
+    store: TrajectoryStore, run_id: str, iteration: int, top_k: int
+) -> list[dict[str, Any]]:
     """The `top_k` highest-reward scored episodes of an iteration (ties broken by id)."""
-    return store.query(
+    rows: list[dict[str, Any]] = store.query(
         "SELECT episode_id, task_id, reward FROM episodes WHERE run_id = ? AND iteration = ? "
         "AND reward IS NOT NULL AND reward > 0 ORDER BY reward DESC, episode_id LIMIT ?",
         [run_id, iteration, top_k],
     ).to_pylist()
+    return rows
 
 
 def recorded_actions(store: TrajectoryStore, episode_id: str) -> list[Action]:
@@ -119,7 +123,7 @@ def review_diff(task: Task, changes: CandidateChanges, rules: DiffReviewRules) -
 def audit_episode(
     store: TrajectoryStore,
     task: Task,
-    episode: dict,
+    episode: dict[str, Any],
     iteration: int,
     pool: SandboxPool,
     rules: DiffReviewRules,

@@ -78,7 +78,7 @@ class FaultPlan:
 
     @property
     def total_rate(self) -> float:
-        return sum(getattr(self, kind) for kind in FAULT_KINDS)
+        return sum(float(getattr(self, kind)) for kind in FAULT_KINDS)
 
     def fault_for(self, episode_id: str, attempt: int) -> FaultKind | None:
         digest = hashlib.sha256(f"{self.seed}/{episode_id}/{attempt}".encode()).digest()

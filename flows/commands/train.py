@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -268,7 +269,9 @@ def _plot_curve(rows: list[dict[str, Any]], path: Path) -> None:
 
     figure, axis = plt.subplots(figsize=(6, 3.5))
     iterations = [row["iteration"] for row in rows]
-    axis.plot(iterations, [row.get("mean_reward") for row in rows], marker="o", label="mean reward")
+    # An iteration with no scored episode has no mean: a gap in the line.
+    means = [math.nan if row.get("mean_reward") is None else row["mean_reward"] for row in rows]
+    axis.plot(iterations, means, marker="o", label="mean reward")
     if rows and "pass_rate" in rows[0]:
         axis.plot(iterations, [row["pass_rate"] for row in rows], marker="s", label="pass rate")
     axis.set_xlabel("iteration")
