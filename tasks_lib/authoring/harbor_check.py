@@ -21,40 +21,55 @@ import subprocess
 import sys
 import time
 import tomllib
+from collections.abc import Callable
+from typing import Any
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
+# A table of harbor_spec.json (artifact, output, rules or check) and a parsed artifact row: plain
+# JSON/CSV whose shape the spec declares, so their values stay untyped.
+Spec = dict[str, Any]
+Row = dict[str, Any]
 
-def task_path(rel):
+PARSERS: dict[str, Callable[[str], object]] = {
+    "json": json.loads,
+    "toml": tomllib.loads,
+    "csv": lambda t: list(csv.reader(io.StringIO(t))),
+}
+
+
+def task_path(rel: str) -> str:
     # Declared paths are task-relative ("tests/variants/..."); here tests/ is this directory.
     return os.path.join(TESTS, rel[len("tests/") :] if rel.startswith("tests/") else rel)
 
 
-def close(a, b, out):
+def close(a: float | str, b: float | str, out: Spec) -> bool:
     return math.isclose(
         float(a), float(b), rel_tol=out.get("rel_tol", 0.0), abs_tol=out.get("abs_tol", 0.0)
     )
 
 
-def rows(data, fmt):
+def rows(data: bytes, fmt: str) -> list[Row]:
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
-        return pq.read_table(io.BytesIO(data)).to_pylist()
+        parquet_rows: list[Row] = pq.read_table(io.BytesIO(data)).to_pylist()
+        return parquet_rows
     if fmt == "json":
         value = json.loads(data)
-        return value["rows"] if isinstance(value, dict) else value
+        json_rows: list[Row] = value["rows"] if isinstance(value, dict) else value
+        return json_rows
     return list(csv.DictReader(io.StringIO(data.decode())))
 
 
-def field(data, name):
+def field(data: bytes, name: str | None) -> Any:
     value = json.loads(data)
     for part in name.split(".") if name else ():
         value = value[part]
     return value
 
 
-def number_like(text):
+def number_like(text: Any) -> bool:
     try:
         float(text)
         return True
@@ -62,14 +77,14 @@ def number_like(text):
         return False
 
 
-def same(got, want, out):
+def same(got: bytes, want: bytes, out: Spec) -> bool:
     mode, fmt = out["compare"], out["format"]
     if mode == "exact":
         return got.decode().strip() == want.decode().strip()
     if mode == "json":
         return json_same(json.loads(got), json.loads(want), out)
     if mode == "number":
-        pick = (
+        pick: Callable[[bytes], Any] = (
             (lambda d: field(d, out.get("field")))
             if fmt == "json"
             else (
@@ -116,7 +131,7 @@ def same(got, want, out):
     return True
 
 
-def json_same(g, w, out):
+def json_same(g: object, w: object, out: Spec) -> bool:
     if isinstance(w, bool) or isinstance(g, bool):
         return g is w
     if isinstance(w, (int, float)) and isinstance(g, (int, float)):
@@ -133,12 +148,12 @@ def json_same(g, w, out):
     return g == w
 
 
-def overlay(src, workspace):
+def overlay(src: str, workspace: str) -> None:
     if src and os.path.isdir(src):
         shutil.copytree(src, workspace, dirs_exist_ok=True)
 
 
-def artifact(spec, workspace):
+def artifact(spec: Spec, workspace: str) -> int:
     variants_dir = spec.get("variants_dir", "tests/variants")
     pristine = workspace + ".harbor-pristine"
     shutil.copytree(workspace, pristine, dirs_exist_ok=True)
@@ -176,7 +191,7 @@ def artifact(spec, workspace):
     return 1
 
 
-def probe(check, workspace):
+def probe(check: Spec, workspace: str) -> bool:
     service = subprocess.Popen(
         ["bash", "-c", check["start"]],
         cwd=workspace,
@@ -185,6 +200,7 @@ def probe(check, workspace):
         start_new_session=True,
     )
     deadline = time.monotonic() + check.get("timeout_s", 30)
+    status: int | None
     try:
         while time.monotonic() < deadline:
             try:
@@ -194,10 +210,10 @@ def probe(check, workspace):
                     answer = conn.getresponse()
                     status, body = answer.status, answer.read().decode("utf-8", "replace")
                 else:
-                    with socket.create_connection(("127.0.0.1", check["port"]), timeout=2) as conn:
-                        conn.sendall(check["send"].encode())
-                        conn.shutdown(socket.SHUT_WR)
-                        status, body = None, conn.recv(65536).decode("utf-8", "replace")
+                    with socket.create_connection(("127.0.0.1", check["port"]), timeout=2) as sock:
+                        sock.sendall(check["send"].encode())
+                        sock.shutdown(socket.SHUT_WR)
+                        status, body = None, sock.recv(65536).decode("utf-8", "replace")
                 if check.get("expect_status") is not None and status != check["expect_status"]:
                     return False
                 return check.get("expect_contains", "") in body
@@ -208,7 +224,7 @@ def probe(check, workspace):
         os.killpg(service.pid, 9)
 
 
-def rule(check, workspace):
+def rule(check: Spec, workspace: str) -> bool:
     kind = check["kind"]
     path = os.path.join(workspace, check.get("path", ""))
     if kind in ("file_exists", "file_contains", "parses"):
@@ -223,11 +239,7 @@ def rule(check, workspace):
             )
         if kind == "parses":
             try:
-                {
-                    "json": json.loads,
-                    "toml": tomllib.loads,
-                    "csv": lambda t: list(csv.reader(io.StringIO(t))),
-                }[check["format"]](text)
+                PARSERS[check["format"]](text)
             except Exception:
                 return False
         return True
@@ -249,7 +261,7 @@ def rule(check, workspace):
     return probe(check, workspace)
 
 
-def main():
+def main() -> None:
     with open(sys.argv[1]) as handle:
         spec = json.load(handle)
     workspace = os.path.abspath(sys.argv[2])

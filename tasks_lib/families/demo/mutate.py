@@ -97,23 +97,23 @@ def _variants(node: ast.AST, function: ast.FunctionDef) -> Iterator[tuple[str, a
     """(operator, replacement node) pairs for `node`; None as node means "statement removed"."""
     if isinstance(node, ast.Compare):
         for index, op in enumerate(node.ops):
-            for new_op in _COMPARE_SWAPS.get(type(op), ()):
-                mutated = copy.deepcopy(node)
-                mutated.ops[index] = new_op()
-                yield "comparison", mutated
+            for new_cmpop in _COMPARE_SWAPS.get(type(op), ()):
+                compare = copy.deepcopy(node)
+                compare.ops[index] = new_cmpop()
+                yield "comparison", compare
     elif isinstance(node, ast.BinOp | ast.AugAssign):
-        for new_op in _ARITH_SWAPS.get(type(node.op), ()):
-            mutated = copy.deepcopy(node)
-            mutated.op = new_op()
-            yield "arithmetic", mutated
+        for new_operator in _ARITH_SWAPS.get(type(node.op), ()):
+            arithmetic = copy.deepcopy(node)
+            arithmetic.op = new_operator()
+            yield "arithmetic", arithmetic
     elif isinstance(node, ast.Constant) and type(node.value) is int:
         for delta in (1, -1):
             if node.value + delta >= 0:
                 yield "boundary", ast.Constant(node.value + delta)
     elif isinstance(node, ast.BoolOp):
-        mutated = copy.deepcopy(node)
-        mutated.op = ast.Or() if isinstance(node.op, ast.And) else ast.And()
-        yield "boolean", mutated
+        boolean = copy.deepcopy(node)
+        boolean.op = ast.Or() if isinstance(node.op, ast.And) else ast.And()
+        yield "boolean", boolean
     elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
         yield "boolean", copy.deepcopy(node.operand)
     elif isinstance(node, ast.Return) and isinstance(node.value, ast.Constant):
@@ -133,10 +133,10 @@ def _variants(node: ast.AST, function: ast.FunctionDef) -> Iterator[tuple[str, a
         and isinstance(node.value, ast.BinOp)
         and isinstance(node.value.op, ast.Sub | ast.Div | ast.FloorDiv | ast.Mod)
     ):
-        mutated = copy.deepcopy(node)
-        assert isinstance(mutated.value, ast.BinOp)
-        mutated.value.left, mutated.value.right = mutated.value.right, mutated.value.left
-        yield "return_value", mutated
+        swapped = copy.deepcopy(node)
+        assert isinstance(swapped.value, ast.BinOp)
+        swapped.value.left, swapped.value.right = swapped.value.right, swapped.value.left
+        yield "return_value", swapped
     elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
         names = _locals(function)
         if node.id in names:
@@ -244,11 +244,13 @@ def _as_edit(
                 operator,
                 module,
                 function_name,
-                node.lineno,
+                # `ast.AST` declares no positions, though every node find_mutations hands
+                # over has them (it skips nodes without `lineno`), as in `_span`.
+                node.lineno,  # type: ignore[attr-defined]
                 start,
                 end,
                 original,
-                text,  # type: ignore[attr-defined]
+                text,
             )
     return None
 
