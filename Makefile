@@ -15,14 +15,15 @@ setup: $(STAMP)
 demo: setup
 	$(VENV)/bin/rollyard demo
 
-test: setup
+# The static checks first (seconds): lint, formatting and strict types are part of passing.
+test: lint
 	$(PY) -m pytest -q -m "not slow and not docker"
 
 test-slow: setup
 	$(PY) -m pytest -q -m "slow"
 
 lint: setup
-	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy
 
 bench: setup
 	$(PY) benchmarks/sandbox_startup.py
