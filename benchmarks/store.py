@@ -15,6 +15,10 @@ committed, exactly once; neither side syncs to disk.
     python benchmarks/store.py                 # 10 million steps (a few minutes, a few GB of disk)
     python benchmarks/store.py --steps 400000  # a quick check
 
+Last, it compacts the store (one steps file per iteration instead of one per shard) and prints
+what that took, the query time after it, and what committing one more shard costs before and
+after.
+
 Targets (issue 4): ingest >= 3x JSONL; query < 1 s and >= 20x faster than pandas; peak <= 1 GB.
 """
 
@@ -24,6 +28,7 @@ import argparse
 import json
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,6 +45,8 @@ import pyarrow as pa  # noqa: E402
 from storage import TrajectoryStore, episode_id_for  # noqa: E402
 
 RUN_ID = "bench"
+# Shards committed one at a time before and after compaction, to compare what a commit costs.
+EXTRA_COMMITS = 8
 OUTPUT_LINES = [
     "collected 12 items",
     "tests/test_parser.py::test_round_trip PASSED",
@@ -313,6 +320,43 @@ def main() -> int:
         f"query   store {query_s:.3f} s (peak {query_peak / 2**20:,.0f} MiB)   "
         f"pandas over jsonl {pandas_s:.1f} s (peak {pandas_peak / 2**20:,.0f} MiB)   "
         f"ratio {pandas_s / query_s:.0f}x"
+    )
+
+    # Compaction (`TrajectoryStore.compact`): one steps file per iteration instead of one per
+    # shard. What it costs, and what it changes for the query and for the next shard commits
+    # (Delta's per-commit cost grows with the number of live files).
+    next_iteration = n_shards // args.shards_per_iteration + 1
+    extra = [
+        make_shard_records(
+            next_iteration + index, 0, args.episodes_per_shard, args.steps_per_episode, rng
+        )
+        for index in range(2 * EXTRA_COMMITS)
+    ]
+
+    def commit_ms(records: list[list[dict[str, Any]]]) -> float:
+        times = []
+        for episodes in records:
+            started = time.perf_counter()
+            TrajectoryStore(store_root).commit_iteration_shard(
+                RUN_ID, episodes[0]["iteration"], 0, episodes=episodes
+            )
+            times.append(time.perf_counter() - started)
+        return statistics.median(times) * 1000
+
+    before_ms = commit_ms(extra[:EXTRA_COMMITS])
+    started = time.perf_counter()
+    compacted = TrajectoryStore(store_root).compact()
+    compact_s = time.perf_counter() - started
+    after_ms = commit_ms(extra[EXTRA_COMMITS:])
+    compacted_s, compacted_peak = min(
+        (run(QUERY_STORE_SCRIPT, str(store_root), str(REPO_ROOT), STORE_QUERY) for _ in range(3)),
+        key=lambda result: result[0],
+    )
+    print(
+        f"compact {compacted.files_before:,} steps files -> {compacted.files_after:,} "
+        f"({compacted.rows:,} rows) in {compact_s:.1f} s; query after {compacted_s:.3f} s "
+        f"(peak {compacted_peak / 2**20:,.0f} MiB); one shard commit, median of "
+        f"{EXTRA_COMMITS}: {before_ms:.0f} ms before, {after_ms:.0f} ms after"
     )
     shutil.rmtree(columnar_root, ignore_errors=True)
     shutil.rmtree(sync_root, ignore_errors=True)

@@ -20,6 +20,7 @@ from typing import Any, TypeAlias
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from storage.errors import CorruptFileError, RecordError, SchemaMismatchError
@@ -153,16 +154,23 @@ def unnest_steps(
     return steps, owners, counts
 
 
-def read_parquet_file(path: str | os.PathLike[str]) -> pa.Table:
-    """Read one Parquet file, turning Arrow's errors into one that names the file."""
+def read_parquet_file(
+    path: str | os.PathLike[str],
+    *,
+    filesystem: pafs.FileSystem | None = None,
+    label: str | None = None,
+) -> pa.Table:
+    """Read one Parquet file (on `filesystem` when given), turning Arrow's errors into one that
+    names the file (`label`, else the path)."""
+    name = label or os.fspath(path)
     try:
-        return pq.read_table(path)
+        return pq.read_table(path, filesystem=filesystem)
     except FileNotFoundError as error:
-        raise CorruptFileError(f"{os.fspath(path)}: no such Parquet file") from error
+        raise CorruptFileError(f"{name}: no such Parquet file") from error
     except (pa.ArrowException, OSError) as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error)
         raise CorruptFileError(
-            f"{os.fspath(path)}: not a readable Parquet file ({first_line}); "
+            f"{name}: not a readable Parquet file ({first_line}); "
             "rewrite it from its source or remove it"
         ) from error
 

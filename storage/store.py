@@ -56,6 +56,7 @@ on S3 need a locking provider configured in those options (see the deltalake doc
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
@@ -94,7 +95,14 @@ from storage.errors import (
     StoreNotFoundError,
 )
 from storage.queries import DERIVED_VIEWS, NAMED_QUERIES
-from storage.records import NESTED_STEPS, GivenColumn, TableInput, conform, unnest_steps
+from storage.records import (
+    NESTED_STEPS,
+    GivenColumn,
+    TableInput,
+    conform,
+    read_parquet_file,
+    unnest_steps,
+)
 from storage.schemas import (
     CHECKPOINTS,
     EPISODES,
@@ -190,6 +198,17 @@ class VacuumResult:
     removed_files: tuple[str, ...]
     removed_rows: int
     deleted_files: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CompactResult:
+    """What `TrajectoryStore.compact` did: the (run_id, iteration) partitions of the steps table
+    rewritten, how many files they held before and after, and the rows moved."""
+
+    partitions: tuple[tuple[str, int], ...]
+    files_before: int
+    files_after: int
+    rows: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -940,6 +959,121 @@ class TrajectoryStore:
                     full=True,
                 )
         return VacuumResult(tuple(unquote(r["path"]) for r in dead), rows, tuple(deleted))
+
+    def compact(
+        self, run_id: str | None = None, iteration: int | None = None, *, min_files: int = 2
+    ) -> CompactResult:
+        """Rewrite the committed steps of each (run_id, iteration) partition holding at least
+        `min_files` files as one file, one Delta commit per partition (remove the old files, add
+        the new one, as a rearrangement: `dataChange` false). Optionally for one run or iteration.
+
+        A shard commit writes one steps file, so a table gets a file per shard; every Delta commit
+        and every reader's snapshot pays for each live file (see the module notes), and so does
+        every query opening them. Compacting iterations that are done keeps that cost flat.
+        Only files of committed shards are merged: steps of a shard whose episodes commit has not
+        happened (a writer between its two commits, or a killed one) stay as they are, hidden
+        until their commit, and files of lost commits are left to `vacuum`. The new file mixes
+        commit ids, which is how readers tell a compacted file (it holds committed rows only).
+        Readers of an older snapshot keep reading the old files, which stay on disk until a Delta
+        vacuum past the retention period. A concurrent compaction or vacuum of the same files
+        makes this commit fail (CommitError; run it again).
+        """
+        if min_files < 2:
+            raise ValueError(f"min_files must be >= 2, got {min_files}")
+        steps = self._open(STEPS, create=False)
+        if steps is None:
+            return CompactResult((), 0, 0, 0)
+        episodes = self._open(EPISODES, create=False)
+        actions = pa.table(steps.get_add_actions(flatten=True))
+        if actions.num_rows == 0:
+            return CompactResult((), 0, 0, 0)
+        left_out = _orphan_step_files(steps, episodes) | {
+            row["path"] for row in _dead_step_files(actions, episodes, None)
+        }
+        by_partition: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        for row in actions.select(
+            ["path", "size_bytes", "num_records", "partition.run_id", "partition.iteration"]
+        ).to_pylist():
+            key = (row["partition.run_id"], int(row["partition.iteration"]))
+            if row["path"] in left_out or (run_id is not None and key[0] != run_id):
+                continue
+            if iteration is not None and key[1] != iteration:
+                continue
+            by_partition.setdefault(key, []).append(row)
+        filesystem = self._filesystem(self.table_uri(STEPS.name))
+        done: list[tuple[str, int]] = []
+        files_before = rows = 0
+        for key, files in sorted(by_partition.items()):
+            if len(files) < min_files:
+                continue
+            rows += self._compact_partition(steps, filesystem, key, files)
+            done.append(key)
+            files_before += len(files)
+        return CompactResult(tuple(done), files_before, len(done), rows)
+
+    def _compact_partition(
+        self,
+        steps: DeltaTable,
+        filesystem: pafs.FileSystem,
+        key: tuple[str, int],
+        files: list[dict[str, Any]],
+    ) -> int:
+        """Merge one partition's `files` (add-action rows) into one file in one commit; the
+        number of rows moved."""
+        uri = self.table_uri(STEPS.name)
+        parts = [
+            read_parquet_file(
+                unquote(f["path"]), filesystem=filesystem, label=f"{uri}/{unquote(f['path'])}"
+            )
+            for f in files
+        ]
+        merged = pa.concat_tables(parts, promote_options="default")
+        expected = sum(f["num_records"] or 0 for f in files)
+        if merged.num_rows != expected:
+            raise CommitError(
+                f"{self.table_uri('steps')}: partition run_id={key[0]!r} iteration={key[1]} "
+                f"reads {merged.num_rows} rows but the log records {expected}; not compacted"
+            )
+        partition = {"run_id": key[0], "iteration": key[1]}
+        # The schema's column order with the partition columns back, as a shard commit writes.
+        columns = [
+            pa.repeat(pa.scalar(partition[f.name], type=f.type), merged.num_rows)
+            if f.name in partition
+            else merged.column(f.name).cast(f.type)
+            for f in STEPS.schema
+        ]
+        table = pa.Table.from_arrays(columns, schema=STEPS.schema)
+        added = self._write_file(STEPS, table, f"compacted-{uuid.uuid4().hex[:20]}", partition)
+        now_ms = int(time.time() * 1000)
+        removed = [
+            RemoveAction(
+                path=unquote(f["path"]),
+                data_change=False,
+                deletion_timestamp=now_ms,
+                size=f["size_bytes"],
+                partition_values={"run_id": key[0], "iteration": str(key[1])},
+            )
+            for f in files
+        ]
+        try:
+            steps.create_write_transaction(
+                [*removed, dataclasses.replace(added, data_change=False)],
+                "append",
+                self._delta_schema(STEPS, steps),
+                list(STEPS.partition_by),
+                commit_properties=CommitProperties(
+                    custom_metadata={"rollyard.operation": "compact steps"},
+                    max_commit_retries=MAX_COMMIT_RETRIES,
+                ),
+                post_commithook_properties=_POST_COMMIT,
+            )
+        except CommitFailedError as error:
+            raise CommitError(
+                f"{self.table_uri('steps')}: compacting run_id={key[0]!r} iteration={key[1]} "
+                f"conflicted with another change to its files ({_first_line(error)}); run it "
+                "again"
+            ) from error
+        return table.num_rows
 
     def committed_shards(self, run_id: str, iteration: int) -> list[int]:
         """The shards of an iteration that are committed (read from the log, no data scan)."""

@@ -1,4 +1,4 @@
-"""`rollyard store`: maintenance of a trajectory store (`vacuum`)."""
+"""`rollyard store`: maintenance of a trajectory store (`compact`, `vacuum`)."""
 
 from __future__ import annotations
 
@@ -23,10 +23,24 @@ def non_negative_int(text: str) -> int:
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "store",
-        help="maintain a trajectory store (vacuum steps no reader sees)",
+        help="maintain a trajectory store (compact steps files, vacuum steps no reader sees)",
         description="Maintenance of a trajectory store.",
     )
     commands = parser.add_subparsers(dest="store_command", required=True, metavar="COMMAND")
+    compact = commands.add_parser(
+        "compact",
+        help="merge each iteration's committed steps files into one",
+        description=(
+            "Rewrite the committed steps of each (run, iteration) holding several files as one "
+            "file, one Delta commit per iteration. Readers see the same rows; steps of shards "
+            "not committed are left as they are. Run it on iterations that are done."
+        ),
+    )
+    compact.add_argument("--store", default=".rollyard", help="store root (default: ./.rollyard)")
+    compact.add_argument("--run-id", default=None, help="only this run")
+    compact.add_argument("--iteration", type=non_negative_int, default=None, help="only this one")
+    compact.set_defaults(handler=compact_command)
+
     vacuum = commands.add_parser(
         "vacuum",
         help="remove steps of lost or abandoned shard commits from the steps table",
@@ -76,5 +90,20 @@ def vacuum_command(args: argparse.Namespace) -> int:
     print(
         f"removed {len(result.removed_files)} steps file(s) ({result.removed_rows} rows) from the "
         f"steps table; deleted {len(result.deleted_files)} file(s) from disk"
+    )
+    return 0
+
+
+def compact_command(args: argparse.Namespace) -> int:
+    from storage import StoreError, TrajectoryStore
+
+    try:
+        store = TrajectoryStore(args.store, create=False)
+        result = store.compact(run_id=args.run_id, iteration=args.iteration)
+    except StoreError as error:
+        raise CliError(str(error)) from error
+    print(
+        f"compacted {len(result.partitions)} partition(s): {result.files_before} steps files -> "
+        f"{result.files_after} ({result.rows} rows)"
     )
     return 0
