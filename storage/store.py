@@ -1073,7 +1073,7 @@ class TrajectoryStore:
                 f"conflicted with another change to its files ({_first_line(error)}); run it "
                 "again"
             ) from error
-        return table.num_rows
+        return int(table.num_rows)
 
     def committed_shards(self, run_id: str, iteration: int) -> list[int]:
         """The shards of an iteration that are committed (read from the log, no data scan)."""
