@@ -46,6 +46,11 @@ group commit of 8 shards that takes 12 ms alone took 460 ms beside a busy Python
 files were encoded in memory and stored in separate calls). Hence one pyarrow call per file
 (encode and write), and groups, which take fewer hand-overs per shard the more shards queue.
 
+Compaction (`compact`) rewrites a finished iteration's committed steps files as one file in one
+Delta commit (remove the old ones, add the new one), so the number of live files, which every
+commit and every snapshot pays for, grows with iterations rather than shards; the train loop runs
+it on each iteration it finishes.
+
 Reads take one snapshot of every table when a reader is made (`connect`, `read_*`), so a query never
 mixes versions. DuckDB reads the snapshot's live Parquet files of episodes and steps with its own
 reader in a local store, and every other table (and remote stores) as Arrow datasets built from

@@ -68,6 +68,12 @@ def test_train_flow_commits_every_episode_exactly_once(
     assert_exactly_once(store, "t", 2)
     assert completed_iterations(TrajectoryStore(str(store)), "t") == [0, 1]
     assert TrajectoryStore(str(store)).list_checkpoints("t")
+    # Each finished iteration's steps (two shards each) were compacted into one file.
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    actions = pa.table(DeltaTable(str(store / "steps")).get_add_actions(flatten=True))
+    assert sorted(actions["partition.iteration"].to_pylist()) == [0, 1]
     with pytest.raises(ValueError, match="--resume"):
         run_training(_settings(demo_tasks, store), dask_address=dask_address)
 
