@@ -124,13 +124,14 @@ def parse_difficulty(text: str) -> str | dict[str, float] | None:
 def grpo_config(seed: int, args: argparse.Namespace) -> GRPOConfig:
     """The trainer's settings: the library defaults unless the command line overrides them (to
     measure what each one is worth, e.g. `--trial-credit-weight 0 --clip-epsilon 0.2 --epochs 2`
-    is plain GRPO with PPO's usual clip)."""
+    is plain GRPO with PPO's usual clip; `--target-entropy 1.5` adapts the entropy weight)."""
     return GRPOConfig(
         seed=seed,
         learning_rate=args.learning_rate,
         trial_credit_weight=args.trial_credit_weight,
         clip_epsilon=args.clip_epsilon,
         epochs=args.epochs,
+        target_entropy=args.target_entropy,
     )
 
 
@@ -218,7 +219,9 @@ def run_seed(seed: int, args: argparse.Namespace, work_dir: Path) -> dict[str, d
             f"groups used {metrics.groups.groups_used}/{metrics.groups.groups_total} "
             f"(zero-variance {metrics.groups.groups_zero_variance}, "
             f"infra {metrics.groups.groups_with_infra_failures}) "
-            f"entropy {metrics.entropy:.2f} [{time.monotonic() - started:.0f}s]",
+            f"entropy {metrics.entropy:.2f}"
+            + (f" (weight {trainer.entropy_coef:.3g})" if args.target_entropy is not None else "")
+            + f" [{time.monotonic() - started:.0f}s]",
             flush=True,
         )
     all_heldout = [task for family in families for task in heldout[family]]
@@ -322,6 +325,12 @@ def main() -> None:
     parser.add_argument("--trial-credit-weight", type=float, default=defaults.trial_credit_weight)
     parser.add_argument("--clip-epsilon", type=float, default=defaults.clip_epsilon)
     parser.add_argument("--epochs", type=int, default=defaults.epochs)
+    parser.add_argument(
+        "--target-entropy",
+        type=float,
+        default=defaults.target_entropy,
+        help="adapt the entropy bonus's weight toward this mean policy entropy (nats)",
+    )
     parser.add_argument(
         "--families",
         nargs="+",

@@ -12,9 +12,11 @@ Read top to bottom like CleanRL's ppo.py:
 3. `GRPOTrainer.update` — for `epochs`
    passes over minibatches it recomputes log π(a|s) from the stored candidate features, forms the
    ratio against the log-probability recorded when the action was sampled, and minimizes
-   -min(ratio·A, clip(ratio, 1-ε, 1+ε)·A) averaged over actions, minus an entropy bonus.
+   -min(ratio·A, clip(ratio, 1-ε, 1+ε)·A) averaged over actions, minus an entropy bonus. With
+   `target_entropy` set, the bonus's weight adapts after each optimizer step toward keeping the
+   policy's entropy at the target (`adapted_entropy_coef`).
 4. Metrics come back as an `UpdateMetrics` value (`as_dict()` for the store's metrics table);
-   `state_dict()` holds policy + optimizer for checkpoints.
+   `state_dict()` holds policy + optimizer (and the adapted entropy weight) for checkpoints.
 """
 
 from __future__ import annotations
@@ -55,7 +57,20 @@ class GRPOConfig:
     0.2, too little to go from uniform over ~20 candidates to reliable (measured:
     `benchmarks/README.md` § Learning)."""
     entropy_coef: float = 0.01
-    """Weight of the entropy bonus; keeps the policy exploring before it is sure."""
+    """Weight of the entropy bonus; keeps the policy exploring before it is sure. With
+    `target_entropy` set, the weight it starts from."""
+    target_entropy: float | None = None
+    """Mean policy entropy (nats, over the actions trained on) the entropy weight steers toward;
+    None keeps the weight fixed at `entropy_coef`. A fixed weight small enough not to hold the
+    policy back once its signal is clear is too small to stop a collapse (0.05 did not, on demo
+    seed 0); an adapted one grows only while the entropy is below the target and shrinks again
+    above it (SAC's temperature tuning, applied to the entropy bonus)."""
+    entropy_coef_rate: float = 1.0
+    """How fast the adapted weight moves: after each optimizer step its logarithm changes by
+    `rate * (target_entropy - entropy)`, so 1 nat below the target multiplies it by e^rate."""
+    entropy_coef_bounds: tuple[float, float] = (1e-4, 1.0)
+    """The adapted weight stays within these; the upper bound keeps the bonus from outweighing
+    the advantages (of order 1) and undoing what the policy has learned."""
     max_grad_norm: float = 1.0
     """Gradients are clipped to this global norm."""
     normalize_by_std: bool = True
@@ -275,6 +290,17 @@ def clipped_objective(
     return loss, approx_kl, clip_fraction
 
 
+def adapted_entropy_coef(coef: float, entropy: float, config: GRPOConfig) -> float:
+    """The entropy weight after one optimizer step that measured `entropy`: moved in log space by
+    `entropy_coef_rate * (target_entropy - entropy)` (up below the target, down above it) and
+    kept within `entropy_coef_bounds`. Log space: the weight can grow from 0.01 to where it
+    matters within a few steps, and never changes sign."""
+    assert config.target_entropy is not None
+    low, high = config.entropy_coef_bounds
+    log_coef = math.log(coef) + config.entropy_coef_rate * (config.target_entropy - entropy)
+    return min(high, max(low, math.exp(log_coef)))
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Sample:
     record: ScorerRecord
@@ -292,6 +318,9 @@ class GRPOTrainer:
         self.optimizer = torch.optim.Adam(policy.network.parameters(), lr=self.config.learning_rate)
         self.updates = 0
         """Calls of `update` that changed the policy."""
+        self.entropy_coef = self.config.entropy_coef
+        """Weight of the entropy bonus in the next optimizer step: `entropy_coef`, or its adapted
+        value when `target_entropy` is set."""
         self._random = random.Random(self.config.seed)
 
     def _samples(
@@ -348,7 +377,7 @@ class GRPOTrainer:
                         new_logprobs, old_logprobs, batch_advantages, config.clip_epsilon
                     )
                     entropy = entropies.mean()
-                    loss = policy_loss - config.entropy_coef * entropy
+                    loss = policy_loss - self.entropy_coef * entropy
                     self.optimizer.zero_grad()
                     loss.backward()  # type: ignore[no-untyped-call]
                     grad_norm = torch.nn.utils.clip_grad_norm_(
@@ -356,6 +385,10 @@ class GRPOTrainer:
                     )
                     self.optimizer.step()
                     optimizer_steps += 1
+                    if config.target_entropy is not None:
+                        self.entropy_coef = adapted_entropy_coef(
+                            self.entropy_coef, entropy.item(), config
+                        )
                     loss_value, policy_loss_value = loss.item(), policy_loss.item()
                     entropy_value, grad_value = entropy.item(), grad_norm.item()
                     epoch_kl += float(approx_kl) * len(batch)
@@ -392,12 +425,15 @@ class GRPOTrainer:
             "config": dataclasses.asdict(self.config),
             "updates": self.updates,
             "shuffle_state": self._random.getstate(),
+            "entropy_coef": self.entropy_coef,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.policy.load_state_dict(state["policy"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.updates = int(state["updates"])
+        # Checkpoints from before the weight could adapt hold none: it was the configured one.
+        self.entropy_coef = float(state.get("entropy_coef", self.config.entropy_coef))
         shuffle_state = state.get("shuffle_state")
         if shuffle_state is not None:
             self._random.setstate(_as_random_state(shuffle_state))

@@ -17,6 +17,7 @@ from training.candidates import FEATURE_COUNT, FEATURE_NAMES, Candidate
 from training.grpo import (
     GRPOConfig,
     GRPOTrainer,
+    adapted_entropy_coef,
     clipped_objective,
     group_advantages,
     load_checkpoint,
@@ -325,3 +326,89 @@ def test_trainer_refuses_trajectories_without_scorer_records() -> None:
     batch = [make_trajectory(0, 0, 1.0, steps=(step,)), make_trajectory(0, 1, 0.0, steps=(step,))]
     with pytest.raises(TrainerError, match="export others"):
         GRPOTrainer(CandidateScorerPolicy()).update(batch)
+
+
+def _entropy_of_toy_batch(policy: CandidateScorerPolicy, batch: list[Trajectory]) -> float:
+    records = [s.record for t in batch for s in t.steps if isinstance(s.record, ScorerRecord)]
+    with torch.no_grad():
+        _, entropies = policy.log_probs_of(records)
+    return float(entropies.mean())
+
+
+def test_without_a_target_entropy_the_update_is_unchanged() -> None:
+    """`target_entropy=None` (the default) trains exactly as the fixed bonus always did."""
+    batch = _toy_batch(CandidateScorerPolicy(seed=5), 0, random.Random(3))
+    results = []
+    for config in (GRPOConfig(), GRPOConfig(target_entropy=None, entropy_coef_rate=7.0)):
+        trainer = GRPOTrainer(CandidateScorerPolicy(seed=5), config)
+        metrics = trainer.update(batch)
+        assert trainer.entropy_coef == config.entropy_coef == 0.01
+        assert "entropy_coef" not in metrics.as_dict()  # the metrics table is as it was
+        results.append((metrics, [p.detach().clone() for p in trainer.policy.network.parameters()]))
+    (first, first_params), (second, second_params) = results
+    assert first == second
+    assert all(torch.equal(a, b) for a, b in zip(first_params, second_params, strict=True))
+
+    # and the same as the bonus written out by hand: loss = policy loss - 0.01 * entropy
+    trainer = GRPOTrainer(CandidateScorerPolicy(seed=5), GRPOConfig(epochs=1, minibatches=1))
+    metrics = trainer.update(batch)
+    assert metrics.loss == pytest.approx(metrics.policy_loss - 0.01 * metrics.entropy, abs=1e-6)
+
+
+def test_adapted_entropy_coef_grows_below_the_target_and_shrinks_above_it() -> None:
+    config = GRPOConfig(target_entropy=1.5, entropy_coef_rate=1.0, entropy_coef_bounds=(1e-3, 0.5))
+    assert adapted_entropy_coef(0.01, 0.5, config) == pytest.approx(0.01 * 2.718281828)
+    assert adapted_entropy_coef(0.01, 2.5, config) == pytest.approx(0.01 / 2.718281828)
+    assert adapted_entropy_coef(0.01, 1.5, config) == pytest.approx(0.01)
+    assert adapted_entropy_coef(0.4, 0.0, config) == 0.5  # bounded above
+    assert adapted_entropy_coef(0.002, 5.0, config) == 1e-3  # and below
+
+
+def test_target_entropy_raises_the_weight_when_entropy_is_below_it() -> None:
+    batch = _toy_batch(CandidateScorerPolicy(seed=5), 0, random.Random(3))
+    entropy = _entropy_of_toy_batch(CandidateScorerPolicy(seed=5), batch)
+    assert 0.5 < entropy < 2.5  # about log 8 for an untrained scorer
+
+    below = GRPOTrainer(CandidateScorerPolicy(seed=5), GRPOConfig(target_entropy=entropy + 1.0))
+    below.update(batch)
+    assert below.entropy_coef > 0.01
+    above = GRPOTrainer(CandidateScorerPolicy(seed=5), GRPOConfig(target_entropy=entropy - 1.0))
+    above.update(batch)
+    assert above.entropy_coef < 0.01
+
+    # a stronger weight keeps more entropy than the fixed one after the same update
+    fixed = GRPOTrainer(CandidateScorerPolicy(seed=5), GRPOConfig())
+    fixed.update(batch)
+    assert _entropy_of_toy_batch(below.policy, batch) > _entropy_of_toy_batch(fixed.policy, batch)
+
+
+def test_adapted_entropy_coef_round_trips_through_state_dict_and_the_store(tmp_path) -> None:
+    from storage import TrajectoryStore
+
+    config = GRPOConfig(target_entropy=3.0)
+    trainer = GRPOTrainer(CandidateScorerPolicy(seed=3), config)
+    trainer.update(_toy_batch(trainer.policy, 0, random.Random(1)))
+    assert trainer.entropy_coef != config.entropy_coef
+
+    resumed = GRPOTrainer(CandidateScorerPolicy(seed=3), config)
+    resumed.load_state_dict(pickle.loads(pickle.dumps(trainer.state_dict())))
+    assert resumed.entropy_coef == trainer.entropy_coef
+
+    store = TrajectoryStore(tmp_path / "store")
+    save_checkpoint(trainer, store, run_id="run", iteration=0, n_episodes=24)
+    loaded = load_checkpoint(store, "run", trainer.policy.version)
+    assert loaded.config == config and loaded.entropy_coef == trainer.entropy_coef
+
+    # resuming is exact: the next update matches the uninterrupted trainer's
+    batch = _toy_batch(trainer.policy, 1, random.Random(4))
+    expected = trainer.update(batch)
+    for other in (resumed, loaded):
+        assert other.update(batch).loss == expected.loss
+        assert other.entropy_coef == trainer.entropy_coef
+
+    # a checkpoint written before the weight adapted resumes with the configured weight
+    old_state = trainer.state_dict()
+    del old_state["entropy_coef"]
+    old = GRPOTrainer(CandidateScorerPolicy(seed=3), GRPOConfig())
+    old.load_state_dict(old_state)
+    assert old.entropy_coef == 0.01
