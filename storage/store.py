@@ -940,17 +940,7 @@ class TrajectoryStore:
             )
             rows += row["num_records"] or 0
         if removals:
-            steps.create_write_transaction(
-                removals,
-                "append",
-                self._delta_schema(STEPS, steps),
-                list(STEPS.partition_by),
-                commit_properties=CommitProperties(
-                    custom_metadata={"rollyard.operation": "vacuum orphaned steps"},
-                    max_commit_retries=MAX_COMMIT_RETRIES,
-                ),
-                post_commithook_properties=_POST_COMMIT,
-            )
+            self._rearrange_steps(steps, removals, "vacuum orphaned steps")
         deleted: list[str] = []
         if retention_hours is not None:
             for table in (steps, episodes):
@@ -1061,16 +1051,8 @@ class TrajectoryStore:
             for f in files
         ]
         try:
-            steps.create_write_transaction(
-                [*removed, dataclasses.replace(added, data_change=False)],
-                "append",
-                self._delta_schema(STEPS, steps),
-                list(STEPS.partition_by),
-                commit_properties=CommitProperties(
-                    custom_metadata={"rollyard.operation": "compact steps"},
-                    max_commit_retries=MAX_COMMIT_RETRIES,
-                ),
-                post_commithook_properties=_POST_COMMIT,
+            self._rearrange_steps(
+                steps, [*removed, dataclasses.replace(added, data_change=False)], "compact steps"
             )
         except CommitFailedError as error:
             raise CommitError(
@@ -1079,6 +1061,23 @@ class TrajectoryStore:
                 "again"
             ) from error
         return int(table.num_rows)
+
+    def _rearrange_steps(
+        self, steps: DeltaTable, actions: Sequence[AddAction | RemoveAction], operation: str
+    ) -> None:
+        """One maintenance commit on the steps table (files removed or replaced, no shard's
+        transaction), named in the log by `operation`."""
+        steps.create_write_transaction(
+            list(actions),
+            "append",
+            self._delta_schema(STEPS, steps),
+            list(STEPS.partition_by),
+            commit_properties=CommitProperties(
+                custom_metadata={"rollyard.operation": operation},
+                max_commit_retries=MAX_COMMIT_RETRIES,
+            ),
+            post_commithook_properties=_POST_COMMIT,
+        )
 
     def committed_shards(self, run_id: str, iteration: int) -> list[int]:
         """The shards of an iteration that are committed (read from the log, no data scan)."""

@@ -8,17 +8,7 @@ import argparse
 import json
 from typing import Any
 
-from flows.cli import EXIT_USAGE, CliError
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {text}")
-    return value
+from flows.cli import EXIT_USAGE, CliError, non_negative_int
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -47,12 +37,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     curate.add_argument(
         "--reruns",
-        type=_count,
+        type=non_negative_int,
         default=None,
         help="fresh-sandbox runs per candidate (default: from flake rate)",
     )
     curate.add_argument(
-        "--order-runs", type=_count, default=None, help="reordered runs per candidate (default 2)"
+        "--order-runs",
+        type=non_negative_int,
+        default=None,
+        help="reordered runs per candidate (default 2)",
     )
     curate.add_argument(
         "--reference",
@@ -61,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="checkpoint whose pass rate buckets each task's difficulty",
     )
     curate.add_argument("--format", choices=("table", "json"), default="table")
-    curate.add_argument("--workers", type=_count, default=2, help="Dask worker processes")
+    curate.add_argument("--workers", type=non_negative_int, default=2, help="Dask worker processes")
     curate.add_argument("--dask-address", default=None, help="a running Dask scheduler")
     curate.add_argument("--batch-id", default=None, help="tasks-table batch id (default: new)")
     curate.set_defaults(handler=curate_command)

@@ -6,18 +6,7 @@ import argparse
 from datetime import timedelta
 from typing import Any
 
-from flows.cli import CliError, positive_float
-
-
-def non_negative_int(text: str) -> int:
-    """argparse type: an integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
-    return value
+from flows.cli import CliError, non_negative_int, positive_float
 
 
 def register(subparsers: Any) -> None:
