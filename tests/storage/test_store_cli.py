@@ -37,7 +37,7 @@ def test_vacuum_removes_the_steps_of_a_lost_commit(
     ("argv", "code", "message"),
     [
         (["--store", "{absent}"], 1, "no store here"),
-        (["--retention-hours", "-1"], 2, "must be 0 or more"),
+        (["--retention-hours", "-1"], 2, "must be at least 0"),
         (["--uncommitted-older-than", "soon"], 2, "expected a number"),
     ],
 )
