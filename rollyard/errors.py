@@ -1,0 +1,43 @@
+"""The root of every rollyard error and the command line's exit codes.
+
+Each package keeps its own tree in its own `errors` module (`SandboxError`, `TaskError`,
+`StoreError`, `TrainingError`, `FlowError`), all under `RollyardError`, so a caller catches at the
+level it cares about. Every argument goes to `super().__init__` so an error pickles across Dask
+and Prefect processes unchanged.
+
+Exit codes of the `rollyard` command (documented in `--help` and the README):
+
+| code | meaning |
+|---|---|
+| 0 | success |
+| 1 | the command ran and failed (a gate stopped a run, a check found problems) |
+| 2 | bad input: a malformed argument, spec, task or settings file |
+| 3 | something rollyard needs is missing or unreachable (a store, a server, a sandbox backend) |
+| 4 | the store or a task is damaged or in a state the command refuses |
+| 130 | interrupted (Ctrl-C) |
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 3
+EXIT_DAMAGED = 4
+EXIT_INTERRUPTED = 130
+
+
+class RollyardError(Exception):
+    """Base class of every error rollyard raises on purpose.
+
+    `exit_code` is what the command line exits with when this error reaches it; subclasses set
+    the class attribute (see the table in this module's docstring)."""
+
+    exit_code: int = EXIT_FAILED
+
+
+def exit_code_for(error: BaseException) -> int:
+    """The command line's exit code for an error: its class's `exit_code`, 1 for anything else."""
+    if isinstance(error, RollyardError):
+        return error.exit_code
+    return EXIT_FAILED

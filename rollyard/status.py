@@ -1,0 +1,54 @@
+"""Every way an episode can end, which of those judge the policy, and the no-reward rule.
+
+This is the one definition: the verifier, the episode runner, the store's schemas, the quality
+gates and the trainers all import it. The rule that matters: only a *trainable* status carries a
+reward the trainer learns from; an *infrastructure* status (the sandbox, the verifier, the task or
+the policy's server failed) carries no reward at all — never a 0 — and its GRPO group is masked.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class EpisodeStatus(enum.StrEnum):
+    """How an episode ended."""
+
+    OK = "ok"
+    """The policy submitted or used up its step budget, and the verifier scored the workspace."""
+    TIMEOUT = "timeout"
+    """A budget the policy spent ran out (the episode's wall clock, or a test run's time or
+    memory limit inside the verifier): the policy's doing, so the workspace is still scored."""
+    POLICY_ERROR = "policy_error"
+    """The policy raised (its model crashed, its endpoint stayed down after retries)."""
+    INFRA_ERROR = "infra_error"
+    """The sandbox failed underneath the episode (reset, execute, read, write)."""
+    VERIFIER_ERROR = "verifier_error"
+    """The verifier crashed or could not produce a verdict (no report, no reward file)."""
+    TASK_ERROR = "task_error"
+    """The verifier judged the task itself broken (its tests do not run as declared)."""
+
+
+TRAINABLE_STATUSES: frozenset[EpisodeStatus] = frozenset({EpisodeStatus.OK, EpisodeStatus.TIMEOUT})
+"""Statuses whose reward judges the policy: they must carry a finite reward."""
+
+INFRASTRUCTURE_STATUSES: frozenset[EpisodeStatus] = frozenset(EpisodeStatus) - TRAINABLE_STATUSES
+"""Statuses where the environment, not the policy, decided: they must carry no reward."""
+
+ALL_STATUSES: tuple[str, ...] = tuple(status.value for status in EpisodeStatus)
+"""Every status's name, in declaration order (the store's schema and the gates use these)."""
+
+
+def is_trainable(status: str) -> bool:
+    """True when an episode that ended with `status` carries a reward the trainer learns from."""
+    return status in TRAINABLE_STATUSES
+
+
+def check_reward(status: str, reward: float | None) -> None:
+    """Raise `ValueError` when a status and a reward break the no-reward rule."""
+    if status not in ALL_STATUSES:
+        raise ValueError(f"unknown episode status {status!r}; expected one of {ALL_STATUSES}")
+    if is_trainable(status) and reward is None:
+        raise ValueError(f"status {status!r} judges the policy and needs a reward")
+    if not is_trainable(status) and reward is not None:
+        raise ValueError(f"status {status!r} is an infrastructure failure and carries no reward")
