@@ -122,7 +122,7 @@ def curate(params: CurateParams) -> list[dict[str, Any]]:
         logger.warning("review gate blocks families: %s", ", ".join(sorted(blocked)))
     verdicts = apply_review_gate(decide(checks, settings, eval_set), blocked)
     batch_id = params.batch_id or f"curate-{uuid.uuid4().hex[:12]}"
-    store.record_tasks(verdict_rows(verdicts), batch_id=batch_id)
+    store.tasks.record(verdict_rows(verdicts), batch_id=batch_id)
     admitted = sum(v.admitted for v in verdicts)
     logger.info(
         "curation %s: %d of %d tasks admitted (%d runs per candidate)",

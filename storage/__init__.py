@@ -1,33 +1,73 @@
-"""The trajectory lakehouse: episodes, steps, tasks, gates, metrics and checkpoints as Delta Lake
-tables under one store root, committed exactly once per (run, iteration, shard) and queried by DuckDB.
+"""The trajectory lakehouse: episodes, steps, tasks, gates, metrics, reviews and checkpoints as
+Delta Lake tables under one store root, committed exactly once per (run, iteration, shard) and
+queried by DuckDB.
 
-Stands alone: it imports no other rollyard package.
+Layout: `store` (the `TrajectoryStore` front door) · `commits` (the commit engine and its design
+record) · `shard_writer` · `maintenance` (compaction, vacuum) · `readers` (snapshots, DuckDB
+views) · `tables/` (gates, metrics, tasks, reviews, checkpoints) · `schemas` · `records` ·
+`data_files` · `queries` · `gates` (the Great Expectations gate) · `reviews` · `report` · `errors`.
+
+Stands alone: it imports no other rollyard package but the `rollyard` foundation. Names are
+imported on first use (PEP 562), so importing a small module such as `storage.errors` does not
+load deltalake or pyarrow.
 """
 
-from storage.errors import (
-    CheckpointNotFoundError,
-    CommitError,
-    CorruptFileError,
-    QueryError,
-    RecordError,
-    SchemaMismatchError,
-    StoreError,
-    StoreNotFoundError,
-)
-from storage.queries import NAMED_QUERIES, NamedQuery
-from storage.records import EpisodeRecord, StepRecord, episode_id_for
-from storage.schemas import SCHEMA_VERSION, TABLES, TableSpec
-from storage.store import (
-    DEFAULT_ROOT,
-    CheckpointInfo,
-    CommitResult,
-    CompactResult,
-    GateResult,
-    IterationStatus,
-    ShardWriter,
-    TrajectoryStore,
-    VacuumResult,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from storage.commits import CommitResult
+    from storage.errors import (
+        CheckpointNotFoundError,
+        CommitError,
+        CorruptFileError,
+        GateSettingsError,
+        QueryError,
+        RecordError,
+        SchemaMismatchError,
+        StoreError,
+        StoreNotFoundError,
+    )
+    from storage.maintenance import CompactResult, VacuumResult
+    from storage.queries import NAMED_QUERIES, NamedQuery
+    from storage.records import EpisodeRecord, StepRecord, episode_id_for
+    from storage.schemas import SCHEMA_VERSION, TABLES, TableSpec
+    from storage.shard_writer import ShardWriter
+    from storage.store import DEFAULT_ROOT, TrajectoryStore
+    from storage.tables.checkpoints import CheckpointInfo
+    from storage.tables.gates import GateResult, IterationStatus
+
+# Each public name and the module that defines it.
+_EXPORTS: dict[str, str] = {
+    "CheckpointInfo": "storage.tables.checkpoints",
+    "CheckpointNotFoundError": "storage.errors",
+    "CommitError": "storage.errors",
+    "CommitResult": "storage.commits",
+    "CompactResult": "storage.maintenance",
+    "CorruptFileError": "storage.errors",
+    "DEFAULT_ROOT": "storage.store",
+    "EpisodeRecord": "storage.records",
+    "GateResult": "storage.tables.gates",
+    "GateSettingsError": "storage.errors",
+    "IterationStatus": "storage.tables.gates",
+    "NAMED_QUERIES": "storage.queries",
+    "NamedQuery": "storage.queries",
+    "QueryError": "storage.errors",
+    "RecordError": "storage.errors",
+    "SCHEMA_VERSION": "storage.schemas",
+    "SchemaMismatchError": "storage.errors",
+    "ShardWriter": "storage.shard_writer",
+    "StepRecord": "storage.records",
+    "StoreError": "storage.errors",
+    "StoreNotFoundError": "storage.errors",
+    "TABLES": "storage.schemas",
+    "TableSpec": "storage.schemas",
+    "TrajectoryStore": "storage.store",
+    "VacuumResult": "storage.maintenance",
+    "episode_id_for": "storage.records",
+}
 
 __all__ = [
     "DEFAULT_ROOT",
@@ -42,6 +82,7 @@ __all__ = [
     "CorruptFileError",
     "EpisodeRecord",
     "GateResult",
+    "GateSettingsError",
     "IterationStatus",
     "NamedQuery",
     "QueryError",
@@ -56,3 +97,16 @@ __all__ = [
     "VacuumResult",
     "episode_id_for",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'storage' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storage.errors import StoreError
-from storage.schemas import EPISODE_STATUSES
-from storage.store import GateResult, TrajectoryStore
+from rollyard.status import ALL_STATUSES, is_trainable
+from storage.errors import GateSettingsError
+from storage.store import TrajectoryStore
+from storage.tables.gates import GateResult
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -39,6 +40,9 @@ ITERATION_SUITE = "iteration"
 """Suite name under which `gate_iteration` records its results in the `gates` table."""
 
 OnFailure = Literal["continue", "stop"]
+# The defaults of the status classes, from the one status vocabulary (in its order).
+_TRAINABLE = tuple(status for status in ALL_STATUSES if is_trainable(status))
+_INFRASTRUCTURE = tuple(status for status in ALL_STATUSES if not is_trainable(status))
 ENV_PREFIX = "ROLLYARD_GATE_"
 
 _EPISODE_COLUMNS = (
@@ -57,10 +61,6 @@ _EPISODE_COLUMNS = (
 )
 
 
-class GateSettingsError(StoreError, ValueError):
-    """A gate setting (argument or `ROLLYARD_GATE_*` variable) has a value that cannot work."""
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class GateSettings:
     """Thresholds of the iteration gate. Defaults follow research/threats-and-quality.md §5;
@@ -73,15 +73,12 @@ class GateSettings:
     """Smallest reward a verdict can give."""
     reward_max: float = 1.0
     """Largest reward a verdict can give."""
-    trainable_statuses: tuple[str, ...] = ("ok", "timeout")
-    """Statuses whose reward judges the policy; they must carry a finite reward."""
-    infra_statuses: tuple[str, ...] = (
-        "infra_error",
-        "verifier_error",
-        "task_error",
-        "policy_error",
-    )
-    """Statuses where the environment, not the policy, decided: they must carry no reward."""
+    trainable_statuses: tuple[str, ...] = _TRAINABLE
+    """Statuses whose reward judges the policy; they must carry a finite reward (default:
+    `rollyard.status.TRAINABLE_STATUSES`)."""
+    infra_statuses: tuple[str, ...] = _INFRASTRUCTURE
+    """Statuses where the environment, not the policy, decided: they must carry no reward
+    (default: `rollyard.status.INFRASTRUCTURE_STATUSES`)."""
     max_infra_error_rate: float = 0.05
     """Largest share of episodes with an infra status (DQ-3 gates at 2-5%)."""
     max_zero_variance_group_share: float = 0.95
@@ -126,11 +123,11 @@ class GateSettings:
             raise GateSettingsError(
                 "GateSettings.drift_window, min_episodes and max_reward_mean_shift must be >= 0"
             )
-        unknown = set(self.trainable_statuses + self.infra_statuses) - set(EPISODE_STATUSES)
+        unknown = set(self.trainable_statuses + self.infra_statuses) - set(ALL_STATUSES)
         if unknown:
             raise GateSettingsError(
                 f"GateSettings names unknown episode status(es) {sorted(unknown)}; "
-                f"known: {', '.join(EPISODE_STATUSES)}"
+                f"known: {', '.join(ALL_STATUSES)}"
             )
 
     @classmethod
@@ -301,7 +298,7 @@ def gate_iteration(
         on_failure=settings.on_failure,
         duration_s=0.0,
     )
-    store.record_gates(
+    store.gates.record(
         run_id,
         iteration,
         ITERATION_SUITE,
@@ -457,9 +454,9 @@ def _checks(
         ),
         _Check(
             "status_known",
-            f"in {list(EPISODE_STATUSES)}",
+            f"in {list(ALL_STATUSES)}",
             "episodes",
-            gxe.ExpectColumnValuesToBeInSet(column="status", value_set=list(EPISODE_STATUSES)),
+            gxe.ExpectColumnValuesToBeInSet(column="status", value_set=list(ALL_STATUSES)),
         ),
         _Check(
             "attempt_non_negative",

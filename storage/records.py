@@ -2,7 +2,8 @@
 
 Callers hand the store whichever form they have: frozen `EpisodeRecord` / `StepRecord` values,
 plain mappings with the schema's field names, an Arrow table, or the path of a Parquet file a worker
-wrote. Everything goes through `conform`, so every write is validated the same way.
+wrote. Everything goes through `conform`, so every write is validated the same way; `shard_tables`
+adds a shard's own checks (unique ids, every step's episode present, observations capped).
 """
 
 from __future__ import annotations
@@ -18,18 +19,20 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeAlias
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from storage.errors import CorruptFileError, RecordError, SchemaMismatchError
-from storage.schemas import TableSpec
+from storage.schemas import EPISODES, OBSERVATION_CAP_CHARS, STEPS, TableSpec
 
 # Columns the store fills from the commit key (run_id, iteration, shard) and the commit itself.
 KEY_COLUMNS = ("run_id", "iteration", "shard", "commit_id")
 # The key under which an episode mapping may carry its steps.
 NESTED_STEPS = "steps"
+_NESTED = frozenset({NESTED_STEPS})
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,3 +405,86 @@ def conform(
                 f"of table {spec.name!r}"
             )
     return table
+
+
+def shard_tables(
+    episodes: TableInput,
+    steps: TableInput,
+    *,
+    key: Mapping[str, Any],
+    overwrite: Mapping[str, Any],
+    source: str,
+) -> tuple[pa.Table, pa.Table]:
+    """A shard's records as checked episodes and steps tables (steps capped)."""
+    nested = unnest_steps(episodes, f"episodes of {source}")
+    if nested is not None and (
+        isinstance(steps, pa.Table | pa.RecordBatch | str | os.PathLike) or steps
+    ):
+        raise RecordError(
+            f"{source}: steps given both nested in the episodes and as `steps`; pass them one way"
+        )
+    episode_table = conform(
+        EPISODES,
+        episodes,
+        key=key,
+        overwrite=overwrite,
+        source=f"episodes of {source}",
+        ignore=_NESTED if nested is not None else frozenset(),
+    )
+    owners: dict[str, GivenColumn] | None = None
+    if nested is not None:
+        steps, owner_ids, counts = nested
+        # Nested steps take their episode's id: the converted ids, repeated, instead of
+        # converting the same strings again for every step.
+        positions = np.repeat(np.arange(len(counts)), counts)
+        owners = {
+            "episode_id": GivenColumn(
+                owner_ids, episode_table.column("episode_id").combine_chunks().take(positions)
+            )
+        }
+    step_table = conform(
+        STEPS, steps, key=key, overwrite=overwrite, source=f"steps of {source}", given=owners
+    )
+    _check_shard(episode_table, step_table, source)
+    return episode_table, _cap_observations(step_table)
+
+
+def _check_shard(episodes: pa.Table, steps: pa.Table, source: str) -> None:
+    if episodes.num_rows == 0:
+        raise RecordError(f"{source}: no episodes; a shard commit needs at least one episode")
+    ids = episodes["episode_id"].combine_chunks()
+    if pc.count_distinct(ids).as_py() != episodes.num_rows:
+        counts = pc.value_counts(ids)
+        duplicate = next(c["values"] for c in counts.to_pylist() if c["counts"] > 1)
+        raise RecordError(f"{source}: episode_id {duplicate!r} appears more than once")
+    if steps.num_rows:
+        position = pc.index_in(steps["episode_id"], value_set=ids)
+        if position.null_count:
+            first = pc.index(pc.is_null(position), True).as_py()
+            raise RecordError(
+                f"{source}: step row {first} belongs to episode "
+                f"{steps['episode_id'][first].as_py()!r}, which is not among this shard's episodes"
+            )
+        # (episode position, step) packed into one integer: a cheap uniqueness check. Sorting
+        # and comparing neighbours took 0.15 ms at 20,480 steps, `count_distinct` 2.3 ms.
+        packed = pc.add(
+            pc.multiply(position.cast(pa.int64()), 1 << 32), steps["step"].cast(pa.int64())
+        )
+        ordered = np.sort(packed.to_numpy())
+        if bool((ordered[1:] == ordered[:-1]).any()):
+            raise RecordError(f"{source}: some (episode_id, step) pair appears more than once")
+
+
+def _cap_observations(steps: pa.Table) -> pa.Table:
+    observation = steps["observation"]
+    lengths = pc.utf8_length(observation).cast(pa.int64())
+    index = steps.schema.get_field_index("observation_chars")
+    steps = steps.set_column(
+        index, steps.schema.field(index), pc.coalesce(steps["observation_chars"], lengths)
+    )
+    longest = pc.max(lengths).as_py()
+    if longest is not None and longest > OBSERVATION_CAP_CHARS:
+        capped = pc.utf8_slice_codeunits(observation, 0, OBSERVATION_CAP_CHARS)
+        position = steps.schema.get_field_index("observation")
+        steps = steps.set_column(position, steps.schema.field(position), capped)
+    return steps

@@ -1,7 +1,7 @@
 """Human spot checks of reward quality: which episodes to review, and what the verdicts say.
 
     queue = review_queue(store, per_stratum=3, seed=0)        # stratified by family and reward
-    store.record_review(item.episode_id, "disagree", reviewer="ana", note="...",
+    store.reviews.record(item.episode_id, "disagree", reviewer="ana", note="...",
                         context=item.context())
     decisions = review_gate(store, min_reviews=10, min_agreement=0.8)
     blocked = {family for family, d in decisions.items() if not d.admit}
@@ -51,7 +51,7 @@ class ReviewItem:
     bucket: str
 
     def context(self) -> dict[str, Any]:
-        """The fields `TrajectoryStore.record_review` stores beside the verdict."""
+        """The fields `TrajectoryStore.reviews.record` stores beside the verdict."""
         return {
             "run_id": self.run_id, "iteration": self.iteration, "task_id": self.task_id,
             "task_version": self.task_version, "family": self.family, "verifier": self.verifier,

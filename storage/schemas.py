@@ -17,16 +17,6 @@ SCHEMA_VERSION = 1
 # so queries stay fast and the cut is visible.
 OBSERVATION_CAP_CHARS = 8192
 
-# Episode statuses other than "ok" mean the environment, not the model, decided the outcome.
-EPISODE_STATUSES = (
-    "ok",
-    "infra_error",
-    "verifier_error",
-    "task_error",
-    "timeout",
-    "policy_error",
-)
-
 _TS = pa.timestamp("us", tz="UTC")
 
 
@@ -82,6 +72,8 @@ EPISODES = TableSpec(
             _f("reward", pa.float64()),
             _f("partial_credit", pa.float64()),
             _f("passed", pa.bool_()),
+            # A `rollyard.status.EpisodeStatus`: a trainable one (ok, timeout: the policy's
+            # doing) carries a reward, an infrastructure one carries none.
             _f("status", pa.string(), False),
             _f("flags", pa.list_(pa.string()), False),
             _f("terminated", pa.bool_(), False),

@@ -206,7 +206,7 @@ def record_findings(
     ]
     suspicious = [f for f in findings if f.verdict != "confirmed"]
     # An audit informs; it does not quarantine (the iteration's data was already trained on).
-    store.record_gates(
+    store.gates.record(
         run_id,
         iteration,
         AUDIT_SUITE,

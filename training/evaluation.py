@@ -77,7 +77,7 @@ def checkpoints_to_evaluate(
     if latest < 1:
         raise ValueError(f"latest must be >= 1, got {latest}")
     by_run: dict[str, list[CheckpointInfo]] = {}
-    for checkpoint in store.list_checkpoints(run_id):
+    for checkpoint in store.checkpoints.recorded(run_id):
         by_run.setdefault(checkpoint.run_id, []).append(checkpoint)
     pending: list[CheckpointInfo] = []
     for run, checkpoints in sorted(by_run.items()):
@@ -140,7 +140,7 @@ def evaluate_checkpoint(
         wall_s=time.monotonic() - started,
         recorded=False,
     )
-    recorded = store.record_metrics(
+    recorded = store.metrics.record(
         checkpoint.run_id, checkpoint.iteration, result.metrics(), source=EVALUATION_SOURCE
     )
     return dataclasses.replace(result, recorded=recorded)

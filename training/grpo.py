@@ -453,7 +453,7 @@ def save_checkpoint(
 ) -> CheckpointInfo:
     """Save the trainer (policy + optimizer) to the store under the policy's current version;
     replaying it is a no-op (the store keeps one checkpoint per version)."""
-    return store.save_checkpoint(
+    return store.checkpoints.save(
         run_id,
         trainer.policy.version,
         trainer.state_dict(),
@@ -474,7 +474,7 @@ def load_checkpoint(
     seed: int = 0,
 ) -> GRPOTrainer:
     """A trainer (and its policy) restored from a checkpoint `save_checkpoint` wrote."""
-    state, _ = store.load_checkpoint(run_id, policy_version)
+    state, _ = store.checkpoints.load(run_id, policy_version)
     policy = CandidateScorerPolicy.from_state_dict(state["policy"], seed=seed)
     trainer = GRPOTrainer(policy, config or GRPOConfig(**state["config"]))
     trainer.load_state_dict(state)

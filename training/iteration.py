@@ -75,7 +75,9 @@ def restore_trainer(
             f"run {run_id!r} already has {len(done)} completed iteration(s) in {store.root}; "
             "resume it (`--resume`, or `resume=True` from Python) or choose another run id"
         )
-    checkpoints = [c for c in store.list_checkpoints(run_id) if done and c.iteration <= done[-1]]
+    checkpoints = [
+        c for c in store.checkpoints.recorded(run_id) if done and c.iteration <= done[-1]
+    ]
     if not checkpoints:
         return GRPOTrainer(CandidateScorerPolicy(seed=seed), GRPOConfig(seed=seed)), 0
     # The newest checkpoint holds the policy after the last done iteration (an iteration that
@@ -121,7 +123,7 @@ def finish_iteration(
         n_episodes=len(trainable),
         parent_policy_version=version_before,
     )
-    store.record_metrics(run_id, iteration, values, source=ITERATION_DONE_SOURCE)
+    store.metrics.record(run_id, iteration, values, source=ITERATION_DONE_SOURCE)
     # Every shard of the iteration is in by now: one steps file for it instead of one per shard
     # keeps later commits and reads from paying for each. A concurrent compaction or vacuum of
     # the same files wins the race harmlessly (the rows are unchanged either way).

@@ -212,7 +212,7 @@ def record_command(args: argparse.Namespace) -> int:
     store = _store(args)
     context = {"verifier": args.verifier, "family": args.family}
     try:
-        review_id = store.record_review(args.episode_id, args.verdict, reviewer=reviewer,
+        review_id = store.reviews.record(args.episode_id, args.verdict, reviewer=reviewer,
                                         note=args.note, context=context)  # fmt: skip
     except StoreError as error:
         raise CliError(str(error)) from error

@@ -243,7 +243,7 @@ def demo_command(args: argparse.Namespace) -> int:
         generate_demo_tasks(tasks_dir, args.task_count, seed=args.seed, difficulty=DEMO_DIFFICULTY)
     settings = _settings(args, tasks_dir)
     store = TrajectoryStore(str(store_root))
-    if store.list_checkpoints(settings.run_id) and not args.resume:
+    if store.checkpoints.recorded(settings.run_id) and not args.resume:
         # The demo is idempotent: a finished demo run is shown again, not refused.
         print(f"run {settings.run_id} already in {store_root}; showing it (--resume continues it)")
     else:

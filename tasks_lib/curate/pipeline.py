@@ -219,7 +219,7 @@ def curate_tasks(
 
 
 def verdict_rows(verdicts: Sequence[TaskVerdict]) -> list[dict[str, Any]]:
-    """Rows for `TrajectoryStore.record_tasks`: `status` is the verdict; `reason` holds JSON with
+    """Rows for `TrajectoryStore.tasks.record`: `status` is the verdict; `reason` holds JSON with
     every reason, the per-test flip rates and the runs behind them, and the measured pass rate."""
     rows = []
     for verdict in verdicts:

@@ -121,7 +121,7 @@ def _store_with_episodes(root: Path) -> TrajectoryStore:
             "status": "ok", "flags": [], "terminated": True, "n_steps": 2,
         })  # fmt: skip
     store.commit_iteration_shard("r", 0, 0, episodes=episodes)
-    store.record_tasks(
+    store.tasks.record(
         [{"task_id": f"{f}-task", "task_version": "1", "family": f, "status": "admitted"}
          for f in ("data_analysis", "ops")],
         batch_id="catalog",
@@ -148,12 +148,12 @@ def test_review_queue_verdicts_agreement_and_gate(
 
     for item in queue:
         verdict = "disagree" if item.family == "ops" else "agree"
-        store.record_review(item.episode_id, verdict, reviewer="ana", note="checked",
+        store.reviews.record(item.episode_id, verdict, reviewer="ana", note="checked",
                             context={**item.context(), "verifier": "rules" if item.family == "ops" else "artifact"})  # fmt: skip
-    store.record_review(
+    store.reviews.record(
         queue[0].episode_id, "agree", reviewer="ana", note="checked", context=queue[0].context()
     )
-    assert len(store.read_reviews()) == 8  # the same verdict twice is one review
+    assert len(store.reviews.read()) == 8  # the same verdict twice is one review
     assert {i.episode_id for i in review_queue(store, per_stratum=5)}.isdisjoint(
         {i.episode_id for i in queue}
     )

@@ -68,7 +68,7 @@ def test_audit_confirms_honest_fixes_and_catches_unreproducible_rewards(
         .to_pylist()
     )
     assert sorted(rows) == ["confirmed", "not_reproduced"]
-    assert not store.iteration_status("a", 0).quarantined  # audits inform, never quarantine
+    assert not store.gates.iteration_status("a", 0).quarantined  # audits inform, never quarantine
     (rates,) = store.named("audit_rates").to_pylist()
     assert rates["audited"] == 2 and rates["confirmed_rate"] == 0.5
 

@@ -67,7 +67,7 @@ def test_train_flow_commits_every_episode_exactly_once(
     assert [s.iteration for s in summaries] == [0, 1]
     assert_exactly_once(store, "t", 2)
     assert completed_iterations(TrajectoryStore(str(store)), "t") == [0, 1]
-    assert TrajectoryStore(str(store)).list_checkpoints("t")
+    assert TrajectoryStore(str(store)).checkpoints.recorded("t")
     # Each finished iteration's steps (two shards each) were compacted into one file.
     import pyarrow as pa
     from deltalake import DeltaTable
@@ -127,7 +127,7 @@ def test_failed_gate_quarantines_and_can_stop_the_run(
             dask_address=dask_address,
         )
     view = TrajectoryStore(str(store))
-    assert view.iteration_status("t", 0).quarantined
+    assert view.gates.iteration_status("t", 0).quarantined
     assert view.read_episodes("t", 0).num_rows == 0  # kept, but not for the trainer
     assert view.read_episodes("t", 0, include_quarantined=True).num_rows == 4
     assert completed_iterations(view, "t") == []  # stopped before iteration 0 was done

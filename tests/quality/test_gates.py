@@ -10,7 +10,8 @@ import pytest
 from batches import commit_batch, make_batch
 
 from storage import TrajectoryStore
-from storage.gates import GateSettings, GateSettingsError, gate_iteration
+from storage.errors import GateSettingsError
+from storage.gates import GateSettings, gate_iteration
 
 
 @pytest.fixture()
@@ -70,7 +71,7 @@ def test_poisoned_batch_is_quarantined_and_not_trained_on(store: TrajectoryStore
     assert {row["expectation"] for row in table} == _failed(report)
     assert all(row["observed"] and row["expected"] for row in table)
     # Kept in the store, marked, and left out of what the trainer reads.
-    status = store.iteration_status("run", 1)
+    status = store.gates.iteration_status("run", 1)
     assert status.quarantined and "infra_error_rate" in status.reasons[0]
     assert store.read_episodes("run", 1).num_rows == 0
     assert store.read_episodes("run", 1, include_quarantined=True).num_rows == len(rows) + 5
@@ -117,7 +118,7 @@ def test_regate_records_a_new_evaluation_that_decides(store: TrajectoryStore) ->
     assert first.quarantined and first.evaluation == 0
     second = gate_iteration(store, "run", 0, GateSettings(max_hack_flag_rate=1.0))
     assert second.passed and second.evaluation == 1
-    assert not store.iteration_status("run", 0).quarantined
+    assert not store.gates.iteration_status("run", 0).quarantined
     assert store.read_episodes("run", 0).num_rows > 0
 
 

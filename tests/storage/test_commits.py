@@ -28,7 +28,8 @@ from storage import (
     TrajectoryStore,
     episode_id_for,
 )
-from storage.schemas import OBSERVATION_CAP_CHARS, TABLES
+from storage.commits import CommitEngine
+from storage.schemas import OBSERVATION_CAP_CHARS, TABLES, TableSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TESTS_DIR = Path(__file__).resolve().parent
@@ -223,17 +224,17 @@ WRITER = textwrap.dedent(
     import os, signal, sys
     from shard_data import make_shard
     from storage import TrajectoryStore
-    import storage.store
+    import storage.commits
 
     root, first, last, kill_after_steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     if kill_after_steps == "1":
         # Die the hard way right after the steps commit, before the episodes commit point.
-        original = storage.store.TrajectoryStore._write
-        def write_then_die(self, table, data, **kwargs):
-            original(self, table, data, **kwargs)
-            if kwargs["spec"].name == "steps":
+        original = storage.commits.CommitEngine.commit_files
+        def commit_then_die(self, table, spec, actions, **kwargs):
+            original(self, table, spec, actions, **kwargs)
+            if spec.name == "steps":
                 os.kill(os.getpid(), signal.SIGKILL)
-        storage.store.TrajectoryStore._write = write_then_die
+        storage.commits.CommitEngine.commit_files = commit_then_die
     store = TrajectoryStore(root)
     for shard in range(first, last):
         episodes, steps = make_shard("run", 0, shard, n_episodes=20, max_steps=20)
@@ -403,7 +404,7 @@ def test_small_tables_keep_statistics_on_every_column(tmp_path: Path) -> None:
     from deltalake import DeltaTable
 
     store = TrajectoryStore(tmp_path)
-    assert store.record_metrics("run", 3, {"loss": 0.5, "kl": None})
+    assert store.metrics.record("run", 3, {"loss": 0.5, "kl": None})
     (action,) = pa.table(
         DeltaTable(str(tmp_path / "metrics")).get_add_actions(flatten=True)
     ).to_pylist()
@@ -423,13 +424,13 @@ def crash_after_steps(store: TrajectoryStore, run_id: str, iteration: int, shard
     class Crash(Exception):
         pass
 
-    original = TrajectoryStore._write
+    original = CommitEngine.commit_files
 
-    def write_then_crash(
-        self: TrajectoryStore, table: Any, data: pa.Table | None, **kwargs: Any
+    def commit_then_crash(
+        self: CommitEngine, table: Any, spec: TableSpec, actions: Any, **kwargs: Any
     ) -> None:
-        original(self, table, data, **kwargs)
-        if kwargs["spec"].name == "steps":
+        original(self, table, spec, actions, **kwargs)
+        if spec.name == "steps":
             raise Crash
 
     episodes, steps = make_shard(run_id, iteration, shard, n_episodes=5, max_steps=3)
@@ -442,7 +443,7 @@ def crash_after_steps(store: TrajectoryStore, run_id: str, iteration: int, shard
         }
     ]
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(TrajectoryStore, "_write", write_then_crash)
+        patch.setattr(CommitEngine, "commit_files", commit_then_crash)
         with pytest.raises(Crash):
             store.commit_iteration_shard(run_id, iteration, shard, episodes=episodes, steps=steps)
 
@@ -507,7 +508,7 @@ def test_a_partition_directory_removed_after_a_write_is_made_again(tmp_path: Pat
     store = TrajectoryStore(tmp_path)
     episodes, steps = make_shard("run", 9, 0)
     # As if an earlier write had made these directories and they were removed since.
-    store._directories.update(
+    store.commits._directories.update(
         {("steps", "run_id=run/iteration=9/"), ("episodes", "run_id=run/iteration=9/")}
     )
     assert store.commit_iteration_shard("run", 9, 0, episodes=episodes, steps=steps).committed

@@ -76,14 +76,14 @@ def test_a_record_error_is_raised_by_submit_and_the_writer_goes_on(tmp_path: Pat
 
 def failing_on(store: TrajectoryStore, bad_shard: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the commit holding `bad_shard` fail in the writer's thread, as a storage error would."""
-    original = store._commit_group
+    original = store.commits.commit_group
 
     def commit(group: Any, *args: Any) -> list[CommitResult]:
         if any(prepared.shard == bad_shard for prepared in group):
             raise CommitError(f"disk full while committing shard {bad_shard}")
         return original(group, *args)
 
-    monkeypatch.setattr(store, "_commit_group", commit)
+    monkeypatch.setattr(store.commits, "commit_group", commit)
 
 
 def test_a_failed_commit_is_raised_at_the_next_call_and_stops_the_writer(
@@ -141,7 +141,7 @@ def test_shards_that_queue_share_one_commit_each_exactly_once(
 ) -> None:
     store = TrajectoryStore(tmp_path)
     store.commit_iteration_shard("run", 0, 2, **shard(2))
-    original = store._commit_group
+    original = store.commits.commit_group
     entered, release = threading.Event(), threading.Event()
 
     def held_commit(group: Any, *args: Any) -> list[CommitResult]:
@@ -149,7 +149,7 @@ def test_shards_that_queue_share_one_commit_each_exactly_once(
         release.wait(timeout=30)
         return original(group, *args)
 
-    monkeypatch.setattr(store, "_commit_group", held_commit)
+    monkeypatch.setattr(store.commits, "commit_group", held_commit)
     writer = store.shard_writer(max_in_flight=8)
     # Shard 0 is taken alone and held; the others queue behind it, shard 3 twice and shard 2
     # already committed.
@@ -185,14 +185,14 @@ def test_shards_a_concurrent_writer_committed_first_are_left_out_of_a_group(
 ) -> None:
     store = TrajectoryStore(tmp_path)
     store.commit_iteration_shard("run", 0, 9, **shard(9))  # both tables exist
-    group = [store._prepare_shard("run", 0, s, **shard(s)) for s in range(3)]
+    group = [store.commits.prepare_shard("run", 0, s, **shard(s)) for s in range(3)]
     handles: dict[str, Any] = {}
-    catching_up = store._start_catch_up(handles, [p.app_id for p in group])
+    catching_up = store.commits.start_catch_up(handles, [p.app_id for p in group])
     (episodes, done), (steps, _) = (future.result() for future in catching_up)
     assert not done
     # Between this writer's look at the table and its commit, another one commits shard 1.
     TrajectoryStore(tmp_path).commit_iteration_shard("run", 0, 1, **shard(1 + 20))
-    committed = store._commit_new_shards(group, handles, episodes, steps)
+    committed = store.commits._commit_new_shards(group, handles, episodes, steps)
     assert committed == {group[0].app_id, group[2].app_id}
     assert store.committed_shards("run", 0) == [0, 1, 2, 9]
     by_shard = {
@@ -211,14 +211,14 @@ def test_close_and_flush_wait_for_every_commit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = TrajectoryStore(tmp_path)
-    original = store._commit_group
+    original = store.commits.commit_group
     release = threading.Event()
 
     def slow_commit(group: Any, *args: Any) -> list[CommitResult]:
         release.wait(timeout=30)
         return original(group, *args)
 
-    monkeypatch.setattr(store, "_commit_group", slow_commit)
+    monkeypatch.setattr(store.commits, "commit_group", slow_commit)
     writer = store.shard_writer(max_in_flight=2)
     futures = [writer.submit("run", 0, s, **shard(s)) for s in range(2)]
     assert not any(f.done() for f in futures)
