@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from batches import commit_batch, make_batch
 
+from rollyard.errors import EXIT_USAGE
+from rollyard.status import ALL_STATUSES, INFRASTRUCTURE_STATUSES, TRAINABLE_STATUSES
 from storage import TrajectoryStore
 from storage.errors import GateSettingsError
 from storage.gates import GateSettings, gate_iteration
@@ -150,3 +152,12 @@ def test_settings_from_environment_and_bad_values() -> None:
         GateSettings(infra_statuses=("crashed",))
     with pytest.raises(GateSettingsError, match="unknown gate setting"):
         GateSettings.from_env({}, max_rate=1)
+
+
+def test_default_status_classes_are_the_one_status_vocabulary() -> None:
+    defaults = GateSettings()
+    assert set(defaults.trainable_statuses) == TRAINABLE_STATUSES
+    assert set(defaults.infra_statuses) == INFRASTRUCTURE_STATUSES
+    # Every status is in exactly one class, so none is silently ignored by the reward checks.
+    assert sorted(defaults.trainable_statuses + defaults.infra_statuses) == sorted(ALL_STATUSES)
+    assert GateSettingsError.exit_code == EXIT_USAGE

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -11,9 +14,22 @@ import pytest
 from deltalake import write_deltalake
 from shard_data import make_shard
 
+import storage
+from rollyard.errors import (
+    EXIT_DAMAGED,
+    EXIT_FAILED,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    RollyardError,
+    exit_code_for,
+)
 from storage import (
+    CheckpointNotFoundError,
+    CommitError,
     CorruptFileError,
+    GateSettingsError,
     QueryError,
+    RecordError,
     SchemaMismatchError,
     StoreError,
     StoreNotFoundError,
@@ -100,3 +116,46 @@ def test_errors_and_store_survive_pickling(tmp_path: Path) -> None:
     store = committed_store(tmp_path)
     clone = pickle.loads(pickle.dumps(store))
     assert clone.root == store.root and clone.read_episodes().num_rows == 4
+
+
+@pytest.mark.parametrize(
+    ("error_class", "exit_code"),
+    [
+        (StoreError, EXIT_FAILED),
+        (CommitError, EXIT_FAILED),
+        (StoreNotFoundError, EXIT_UNAVAILABLE),
+        (CheckpointNotFoundError, EXIT_UNAVAILABLE),
+        (SchemaMismatchError, EXIT_DAMAGED),
+        (CorruptFileError, EXIT_DAMAGED),
+        (RecordError, EXIT_USAGE),
+        (QueryError, EXIT_USAGE),
+        (GateSettingsError, EXIT_USAGE),
+    ],
+)
+def test_every_store_error_is_a_rollyard_error_with_its_exit_code(
+    error_class: type[StoreError], exit_code: int
+) -> None:
+    error = error_class("what went wrong")
+    assert isinstance(error, RollyardError)
+    assert exit_code_for(error) == exit_code
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is error_class and str(copy) == "what went wrong"
+
+
+def test_importing_the_package_and_its_errors_loads_no_table_library() -> None:
+    code = (
+        "import sys, storage, storage.errors\n"
+        "from storage import StoreError\n"
+        "print(sorted(m for m in ('deltalake', 'pyarrow', 'duckdb') if m in sys.modules))"
+    )
+    repo_root = str(Path(__file__).resolve().parents[2])
+    loaded = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": repo_root},
+    ).stdout
+    assert loaded.strip() == "[]"
+    # Every exported name still resolves, from the module that defines it.
+    assert all(getattr(storage, name) is not None for name in storage.__all__)
