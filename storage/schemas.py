@@ -53,7 +53,7 @@ EPISODES = TableSpec(
             _f("run_id", pa.string(), False),
             _f("iteration", pa.int64(), False),
             _f("shard", pa.int32(), False),
-            # One id per commit attempt; it ties a shard's steps to its episodes (see store.py).
+            # One id per commit attempt; it ties a shard's steps to its episodes (see commits.py).
             _f("commit_id", pa.string(), False),
             _f("task_id", pa.string(), False),
             _f("task_version", pa.string(), False),
@@ -101,7 +101,7 @@ STEPS = TableSpec(
             _f("run_id", pa.string(), False),
             _f("iteration", pa.int64(), False),
             _f("shard", pa.int32(), False),
-            # One id per commit attempt; it ties a shard's steps to its episodes (see store.py).
+            # One id per commit attempt; it ties a shard's steps to its episodes (see commits.py).
             _f("commit_id", pa.string(), False),
             _f("step", pa.int32(), False),
             _f("action_kind", pa.string(), False),
