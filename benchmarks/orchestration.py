@@ -114,7 +114,7 @@ def main() -> int:
     from distributed import Client, LocalCluster
 
     from flows.runtime import prefect_api
-    from tasks_lib.families.demo.generate import generate_demo_tasks
+    from tasks_lib.sources.families.demo.generate import generate_demo_tasks
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="rollyard-orchestration-"))
     tasks_root = workdir / "tasks"

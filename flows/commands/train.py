@@ -14,7 +14,7 @@ DEMO_TASK_COUNT = 32
 DEMO_DIFFICULTY = {"easy": 1.0}
 """The demo's tasks: one-bug tasks an untrained policy fixes now and then within its few
 trials, so GRPO groups differ from the first iteration (see
-`tasks_lib.families.demo.generate.DIFFICULTY_LEVELS`; `benchmarks/README.md` § Learning)."""
+`tasks_lib.sources.families.demo.generate.DIFFICULTY_LEVELS`; `benchmarks/README.md` § Learning)."""
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -234,7 +234,7 @@ def train_command(args: argparse.Namespace) -> int:
 
 def demo_command(args: argparse.Namespace) -> int:
     from storage import TrajectoryStore
-    from tasks_lib.families.demo.generate import generate_demo_tasks
+    from tasks_lib.sources.families.demo.generate import generate_demo_tasks
 
     store_root = Path(args.store)
     tasks_dir = store_root / "demo-tasks"

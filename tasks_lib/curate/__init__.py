@@ -13,7 +13,6 @@ from tasks_lib.curate.difficulty import (
     stratified_sample,
 )
 from tasks_lib.curate.pipeline import (
-    CurationError,
     TaskChecks,
     TaskVerdict,
     check_task_dir,
@@ -23,7 +22,8 @@ from tasks_lib.curate.pipeline import (
     verdict_rows,
 )
 from tasks_lib.curate.reasons import RULES, Reason
-from tasks_lib.curate.settings import CurationSettings, CurationSettingsError, reruns_for
+from tasks_lib.curate.settings import CurationSettings, reruns_for
+from tasks_lib.errors import CurationError, CurationSettingsError
 
 __all__ = [
     "ALL_FAIL",

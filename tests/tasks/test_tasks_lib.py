@@ -26,9 +26,9 @@ from tasks_lib import (
     validate_task,
     verify,
 )
-from tasks_lib.families.demo.generate import plan_demo_task
-from tasks_lib.families.demo.mutate import OPERATORS
-from tasks_lib.globs import glob_matches
+from tasks_lib.format.globs import glob_matches
+from tasks_lib.sources.families.demo.generate import plan_demo_task
+from tasks_lib.sources.families.demo.mutate import OPERATORS
 
 
 @pytest.fixture(scope="module")
