@@ -18,7 +18,7 @@ import warnings
 from collections.abc import Iterator
 
 from tasks_lib.sources.families.demo.mutate import OPERATORS as DEMO_OPERATORS
-from tasks_lib.sources.families.demo.mutate import _variants as demo_variants
+from tasks_lib.sources.families.demo.mutate import node_variants as demo_variants
 
 EXTRA_OPERATORS = (
     "identity",

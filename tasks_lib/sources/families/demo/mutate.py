@@ -93,7 +93,7 @@ def _locals(function: ast.FunctionDef) -> list[str]:
     return [name for name in names if not name.startswith("_")]
 
 
-def _variants(node: ast.AST, function: ast.FunctionDef) -> Iterator[tuple[str, ast.AST | None]]:
+def node_variants(node: ast.AST, function: ast.FunctionDef) -> Iterator[tuple[str, ast.AST | None]]:
     """(operator, replacement node) pairs for `node`; None as node means "statement removed"."""
     if isinstance(node, ast.Compare):
         for index, op in enumerate(node.ops):
@@ -181,7 +181,7 @@ def find_mutations(source: str, module: str) -> tuple[Mutation, ...]:
         for node_index, node in enumerate(nodes):
             if not hasattr(node, "lineno"):
                 continue
-            for operator, replacement in _variants(node, function):
+            for operator, replacement in node_variants(node, function):
                 mutation = _as_edit(
                     source,
                     tree,
