@@ -1,5 +1,6 @@
 """Task synthesis from real Python repositories: AST mutants that the project's own tests catch
-reliably, written as Harbor tasks.
+reliably (run with the verifier's hardened pytest run), written as Harbor tasks through the one
+writer. `project` reads the project's layout, `operators` finds mutations, `pipeline` decides.
 
     from tasks_lib.sources.synthesize import synthesize_tasks
     report = synthesize_tasks("path/to/project", "tasks/", max_tasks=10, seed=0)
