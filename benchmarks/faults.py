@@ -115,7 +115,7 @@ def main() -> int:
 
     from flows.runtime import prefect_api
     from flows.train import WORKER_DEATHS_PER_SHARD
-    from tasks_lib.families.demo.generate import generate_demo_tasks
+    from tasks_lib.sources.families.demo.generate import generate_demo_tasks
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="rollyard-faults-"))
     iterations = args.episodes // (TASKS_PER_ITERATION * GROUP_SIZE)

@@ -36,7 +36,7 @@ import torch
 
 from sandboxes import open_sandbox
 from tasks_lib import generate_demo_tasks, load_task
-from tasks_lib.model import Task
+from tasks_lib.format.model import Task
 from training import (
     CandidateScorerPolicy,
     EpisodeConfig,
@@ -151,8 +151,8 @@ def split_count(total: int, parts: int) -> list[int]:
 def generate_family_tasks(
     family: str, out_dir: Path, count: int, seed: int, difficulty: str
 ) -> list[Path]:
-    from tasks_lib.families.data_analysis import generate_data_analysis_tasks
-    from tasks_lib.families.ops import generate_ops_tasks
+    from tasks_lib.sources.families.data_analysis import generate_data_analysis_tasks
+    from tasks_lib.sources.families.ops import generate_ops_tasks
 
     if family == "demo":
         return generate_demo_tasks(

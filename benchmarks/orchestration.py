@@ -114,7 +114,8 @@ def main() -> int:
     from distributed import Client, LocalCluster
 
     from flows.runtime import prefect_api
-    from tasks_lib.families.demo.generate import generate_demo_tasks
+    from tasks_lib import generate_demo_tasks
+    from tasks_lib.format import tasks_in
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="rollyard-orchestration-"))
     tasks_root = workdir / "tasks"
@@ -123,7 +124,7 @@ def main() -> int:
         generate_demo_tasks(
             tasks_root, 2 * TASKS_PER_ITERATION, seed=3, difficulty={"easy": 1, "hard": 1}
         )
-    task_dirs = sorted(p for p in tasks_root.iterdir() if (p / "task.toml").is_file())
+    task_dirs = tasks_in(tasks_root)
 
     bare_eps = bare_loop(
         task_dirs, workdir / "bare-store", args.iterations, args.workers, args.max_steps

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from tasks_lib import generate_demo_tasks, load_task, solution_changes, verify
-from tasks_lib.oracle import apply_changes
+from tasks_lib.verify.oracle import apply_changes
 
 
 def main() -> int:

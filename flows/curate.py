@@ -30,7 +30,8 @@ from tasks_lib.curate import (
 )
 from tasks_lib.curate.review_gate import apply_review_gate
 from tasks_lib.curate.similarity import EvalSet
-from tasks_lib.model import Task
+from tasks_lib.format.finder import find_task_dirs
+from tasks_lib.format.model import Task
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -160,15 +161,4 @@ def run_curation(
 
 def task_dirs_from(paths: Sequence[str | Path]) -> list[str]:
     """Task directories named by `paths`; a directory of tasks stands for every task in it."""
-    found: list[str] = []
-    for raw in paths:
-        path = Path(raw)
-        if (path / "task.toml").is_file():
-            found.append(str(path.absolute()))
-        elif path.is_dir() and any(path.glob("*/task.toml")):
-            found += sorted(str(c.parent.absolute()) for c in path.glob("*/task.toml"))
-        else:
-            raise ValueError(
-                f"{path}: neither a task directory (with task.toml) nor a directory of tasks"
-            )
-    return found
+    return [str(path.absolute()) for path in find_task_dirs(paths)]

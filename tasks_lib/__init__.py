@@ -1,5 +1,15 @@
-"""Tasks: load and validate Harbor task directories, generate the built-in demo family, and verify
-candidates in a fresh sandbox behind a reward guard.
+"""Tasks along their data path: the task format, the verifier, the sources of tasks, curation.
+
+    format/   the Harbor task directory: model, loader (validation), verifier-kind tables, path
+              globs, the task-directory finder
+    verify/   scores a candidate in a fresh sandbox: guard, one dispatch per verifier kind, the
+              hardened pytest run, the oracle check
+    sources/  where tasks come from: families (generators), synthesis from real projects,
+              SWE-bench import, and the authoring kit whose writer every source writes through
+    curate/   admits tasks into the library: validity, flakiness, duplicates, contamination
+    errors.py every exception of the package, under `TaskError`
+
+Each part imports only the parts listed above it (and `errors`), and only their public names.
 
     from tasks_lib import CandidateChanges, load_task, verify
     task = load_task("tasks/demo-0-0000")
@@ -8,21 +18,29 @@ candidates in a fresh sandbox behind a reward guard.
         result = verify(task, CandidateChanges.from_sandbox(sandbox))
 """
 
-from tasks_lib.candidate import CandidateChanges
 from tasks_lib.errors import (
     CandidateError,
     GenerationError,
+    SolutionError,
     TaskError,
     TaskNotFoundError,
     TaskValidationError,
     ValidationIssue,
 )
-from tasks_lib.families.demo import generate_demo_tasks
-from tasks_lib.guard import RULES, Flag, GuardPolicy
-from tasks_lib.loader import load_task, validate_task
-from tasks_lib.model import Task
-from tasks_lib.oracle import CheckResult, SolutionError, check_task, checkout, solution_changes
-from tasks_lib.verify import VerifyResult, verify
+from tasks_lib.format import Task, find_task_dirs, load_task, validate_task
+from tasks_lib.sources.families.demo import generate_demo_tasks
+from tasks_lib.verify import (
+    RULES,
+    CandidateChanges,
+    CheckResult,
+    Flag,
+    GuardPolicy,
+    VerifyResult,
+    check_task,
+    checkout,
+    solution_changes,
+    verify,
+)
 
 __all__ = [
     "RULES",
@@ -41,6 +59,7 @@ __all__ = [
     "VerifyResult",
     "check_task",
     "checkout",
+    "find_task_dirs",
     "generate_demo_tasks",
     "load_task",
     "solution_changes",

@@ -18,9 +18,10 @@ from typing import Any
 
 from sandboxes import SandboxPool
 from storage import GateResult, StoreError, TrajectoryStore
-from tasks_lib.candidate import CandidateChanges
-from tasks_lib.loader import load_task
-from tasks_lib.model import Task
+from tasks_lib.format.finder import tasks_in
+from tasks_lib.format.loader import load_task
+from tasks_lib.format.model import Task
+from tasks_lib.verify.candidate import CandidateChanges
 from training.actions import Action, action_from_json
 from training.episode import EpisodeConfig, run_episode
 from training.policy import ScriptedPolicy
@@ -70,7 +71,7 @@ class AuditFinding:
 def task_index(tasks_dir: Path) -> dict[str, Path]:
     """Task id -> task directory for every task under `tasks_dir`."""
     index = {}
-    for task_dir in sorted(p for p in Path(tasks_dir).iterdir() if (p / "task.toml").is_file()):
+    for task_dir in tasks_in(tasks_dir):
         index[load_task(task_dir).id] = task_dir
     return index
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from sandboxes import ExecResult, Sandbox, SandboxError, WorkspacePathError
-from tasks_lib.model import Task
+from tasks_lib.format.model import Task
 from training.actions import (
     TRIAL_KEPT,
     TRIAL_REVERTED,
@@ -67,8 +67,8 @@ Verifier = Callable[[Task, Sandbox], Verdict]
 
 def verify_agent_sandbox(task: Task, sandbox: Sandbox) -> Verdict:
     """The default verifier: the agent's changes, replayed in a fresh sandbox by `tasks_lib`."""
-    from tasks_lib.candidate import CandidateChanges
     from tasks_lib.verify import verify
+    from tasks_lib.verify.candidate import CandidateChanges
 
     return verify(task, CandidateChanges.from_sandbox(sandbox))
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from sandboxes import Limits, SandboxPool
 from storage import CheckpointInfo, StoreError, TrajectoryStore
-from tasks_lib.loader import load_task
+from tasks_lib.format.loader import load_task
 from training.episode import EpisodeConfig
 from training.grpo import load_checkpoint
 from training.recovery import RecoveryPolicy, run_episode_with_recovery

@@ -16,7 +16,7 @@ import gymnasium as gym
 from gymnasium import spaces
 
 from sandboxes import Sandbox, SandboxError, open_sandbox
-from tasks_lib.model import Task
+from tasks_lib.format.model import Task
 from training.actions import Action, Submit, action_from_json, cap_text
 from training.episode import EpisodeConfig, Verifier, apply_action, verify_agent_sandbox
 from training.errors import ActionParseError, EnvLifecycleError

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from storage import CommitError, StoreError, TrajectoryStore
+from tasks_lib.format.finder import tasks_in
 from training.grpo import GRPOConfig, GRPOTrainer, UpdateMetrics, load_checkpoint, save_checkpoint
 from training.scorer_policy import CandidateScorerPolicy
 from training.trajectory import Trajectory
@@ -45,7 +46,7 @@ class IterationSummary:
 def task_dirs_in(tasks_dir: str | Path) -> list[Path]:
     """The task directories (those holding a task.toml) directly under `tasks_dir`."""
     root = Path(tasks_dir)
-    dirs = sorted(p for p in root.iterdir() if (p / "task.toml").is_file()) if root.is_dir() else []
+    dirs = tasks_in(root)
     if not dirs:
         raise ValueError(
             f"no task directories (with a task.toml) in {root}; generate some first "

@@ -5,7 +5,7 @@ to the store, gate the committed batch, train on what the gate lets through, che
 the iteration done — run sequentially over one sandbox pool. A run started here can be
 continued by `rollyard train --resume` and the other way round:
 
-    from tasks_lib.families.demo.generate import generate_demo_tasks
+    from tasks_lib.sources.families.demo.generate import generate_demo_tasks
     from training.local import train_locally
 
     generate_demo_tasks("tasks", 8, seed=0)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Literal
 
 from sandboxes import ExecResult, Sandbox, SandboxError, SandboxPool, WorkspaceDiff
-from tasks_lib.model import Task
+from tasks_lib.format.model import Task
 from training.actions import History
 from training.episode import EpisodeConfig, run_episode
 from training.policy import Decision, Policy

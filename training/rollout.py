@@ -23,8 +23,8 @@ from typing import Literal
 
 from sandboxes import Limits, SandboxPool
 from storage import CommitResult, StoreError, TrajectoryStore
-from tasks_lib.loader import load_task
-from tasks_lib.model import Task
+from tasks_lib.format.loader import load_task
+from tasks_lib.format.model import Task
 from training.episode import EpisodeConfig
 from training.recovery import FaultPlan, RecoveryPolicy, run_episode_with_recovery
 from training.scorer_policy import CandidateScorerPolicy

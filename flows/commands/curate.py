@@ -62,7 +62,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def curate_command(args: argparse.Namespace) -> int:
     from flows.curate import CurateParams, run_curation, task_dirs_from
-    from tasks_lib.curate import CurationError, CurationSettingsError
+    from tasks_lib.errors import CurationError, CurationSettingsError, TaskNotFoundError
 
     reference = (None, None)
     if args.reference:
@@ -86,7 +86,7 @@ def curate_command(args: argparse.Namespace) -> int:
         verdicts = run_curation(
             params, workers=max(1, args.workers), dask_address=args.dask_address
         )
-    except (ValueError, CurationError, CurationSettingsError) as error:
+    except (ValueError, TaskNotFoundError, CurationError, CurationSettingsError) as error:
         raise CliError(str(error), EXIT_USAGE) from error
     if args.format == "json":
         for verdict in verdicts:

@@ -10,7 +10,6 @@ import argparse
 import getpass
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -105,24 +104,16 @@ def _print(obj: dict[str, Any]) -> None:
     print(json.dumps(obj, default=str), flush=True)
 
 
-def _task_dirs(paths: list[Path]) -> Iterator[Path]:
-    for path in paths:
-        if path.is_dir() and not (path / "task.toml").exists():
-            children = sorted(child.parent for child in path.glob("*/task.toml"))
-            if children:
-                yield from children
-                continue
-        yield path
-
-
 def generate_command(args: argparse.Namespace) -> int:
     from tasks_lib import TaskError
 
     try:
         if args.family == "data_analysis":
-            from tasks_lib.families.data_analysis import generate_data_analysis_tasks as generate
+            from tasks_lib.sources.families.data_analysis import (
+                generate_data_analysis_tasks as generate,
+            )
         else:
-            from tasks_lib.families.ops import generate_ops_tasks as generate
+            from tasks_lib.sources.families.ops import generate_ops_tasks as generate
         paths = generate(args.out, args.count, args.seed)
     except (TaskError, OSError) as error:
         raise CliError(f"cannot write {args.family} tasks to {args.out}: {error}") from error
@@ -132,7 +123,8 @@ def generate_command(args: argparse.Namespace) -> int:
 
 
 def new_command(args: argparse.Namespace) -> int:
-    from tasks_lib.authoring import ScaffoldError, scaffold_family
+    from tasks_lib.errors import ScaffoldError
+    from tasks_lib.sources.authoring import scaffold_family
 
     try:
         files = scaffold_family(args.name, args.dir, verifier=args.verifier)
@@ -145,10 +137,11 @@ def new_command(args: argparse.Namespace) -> int:
 
 
 def lint_command(args: argparse.Namespace) -> int:
-    from tasks_lib.authoring import lint_task
+    from tasks_lib import find_task_dirs
+    from tasks_lib.sources.authoring.lint import lint_task
 
     weak = 0
-    for path in _task_dirs(args.tasks):
+    for path in find_task_dirs(args.tasks, strict=False):
         report = lint_task(path, run_verifier=not args.static)
         weak += report.weak
         _print(report.to_json())
@@ -163,10 +156,10 @@ def _store(args: argparse.Namespace) -> Any:
 
 def queue_command(args: argparse.Namespace) -> int:
     from storage.reviews import review_queue
-    from tasks_lib import TaskError, load_task
+    from tasks_lib import TaskError, find_task_dirs, load_task
 
     info: dict[str, tuple[str, str]] = {}
-    for path in _task_dirs(args.tasks):
+    for path in find_task_dirs(args.tasks, strict=False):
         try:
             task = load_task(path)
         except TaskError as error:

@@ -75,7 +75,8 @@ def _print(obj: dict[str, Any]) -> None:
 def synthesize_command(args: argparse.Namespace) -> int:
     from sandboxes import SandboxError
     from tasks_lib import TaskError
-    from tasks_lib.synthesize import synthesize_tasks
+    from tasks_lib.curate import CurationSettings
+    from tasks_lib.sources.synthesize import synthesize_tasks
 
     if not args.project.is_dir():
         raise CliError(f"{args.project} is not a directory; pass a Python project root")
@@ -91,9 +92,12 @@ def synthesize_command(args: argparse.Namespace) -> int:
                 cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1,
                                        processes=True, dashboard_address=None)  # fmt: skip
                 client = Client(cluster)
+        # A mutant breaking more tests than curation admits is dropped here already.
+        max_fail_to_pass = CurationSettings.from_env().max_fail_to_pass
         report = synthesize_tasks(
             args.project, args.out, max_tasks=args.max_tasks, seed=args.seed,
             max_mutants=args.max_mutants, executor=client, check=not args.no_check,
+            max_fail_to_pass=max_fail_to_pass,
         )  # fmt: skip
     except (TaskError, SandboxError, OSError) as error:
         raise CliError(f"cannot synthesize tasks from {args.project}: {error}") from error
@@ -108,7 +112,7 @@ def synthesize_command(args: argparse.Namespace) -> int:
 
 def import_swebench_command(args: argparse.Namespace) -> int:
     from tasks_lib import TaskError
-    from tasks_lib.swebench import import_swebench
+    from tasks_lib.sources.swebench import import_swebench
 
     try:
         report = import_swebench(

@@ -7,7 +7,6 @@ import argparse
 import json
 import sys
 import tomllib
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -60,17 +59,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     verify.add_argument("task", type=Path, metavar="TASK")
     verify.add_argument("candidate", type=Path, metavar="CANDIDATE_DIR")
     verify.set_defaults(handler=verify_command)
-
-
-def _task_dirs(paths: list[Path]) -> Iterator[Path]:
-    """Task directories named on the command line; a directory of tasks stands for all of them."""
-    for path in paths:
-        if path.is_dir() and not (path / "task.toml").exists():
-            children = sorted(child.parent for child in path.glob("*/task.toml"))
-            if children:
-                yield from children
-                continue
-        yield path
 
 
 def _print(obj: dict[str, Any]) -> None:
@@ -129,10 +117,10 @@ def _declared_id(path: Path) -> str:
 
 
 def validate_command(args: argparse.Namespace) -> int:
-    from tasks_lib import TaskNotFoundError, validate_task
+    from tasks_lib import TaskNotFoundError, find_task_dirs, validate_task
 
     invalid = 0
-    for path in _task_dirs(args.tasks):
+    for path in find_task_dirs(args.tasks, strict=False):
         try:
             issues = [str(issue) for issue in validate_task(path)]
         except TaskNotFoundError as error:
@@ -145,7 +133,7 @@ def validate_command(args: argparse.Namespace) -> int:
 
 
 def check_command(args: argparse.Namespace) -> int:
-    from tasks_lib import TaskError, check_task, load_task
+    from tasks_lib import TaskError, check_task, find_task_dirs, load_task
 
     def one(path: Path) -> dict[str, Any]:
         try:
@@ -168,7 +156,7 @@ def check_command(args: argparse.Namespace) -> int:
         return summary
 
     failed = 0
-    paths = list(_task_dirs(args.tasks))
+    paths = find_task_dirs(args.tasks, strict=False)
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         for summary in pool.map(one, paths):
             failed += not summary["ok"]

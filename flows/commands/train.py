@@ -14,7 +14,7 @@ DEMO_TASK_COUNT = 32
 DEMO_DIFFICULTY = {"easy": 1.0}
 """The demo's tasks: one-bug tasks an untrained policy fixes now and then within its few
 trials, so GRPO groups differ from the first iteration (see
-`tasks_lib.families.demo.generate.DIFFICULTY_LEVELS`; `benchmarks/README.md` § Learning)."""
+`tasks_lib.sources.families.demo.generate.DIFFICULTY_LEVELS`; `benchmarks/README.md` § Learning)."""
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -234,11 +234,12 @@ def train_command(args: argparse.Namespace) -> int:
 
 def demo_command(args: argparse.Namespace) -> int:
     from storage import TrajectoryStore
-    from tasks_lib.families.demo.generate import generate_demo_tasks
+    from tasks_lib import generate_demo_tasks
+    from tasks_lib.format import tasks_in
 
     store_root = Path(args.store)
     tasks_dir = store_root / "demo-tasks"
-    if not any(tasks_dir.glob("*/task.toml")):
+    if not tasks_in(tasks_dir):
         print(f"writing {args.task_count} demo tasks to {tasks_dir} ...", flush=True)
         generate_demo_tasks(tasks_dir, args.task_count, seed=args.seed, difficulty=DEMO_DIFFICULTY)
     settings = _settings(args, tasks_dir)

@@ -19,9 +19,9 @@ from collections.abc import Mapping, Sequence
 from tasks_lib.curate.reasons import Reason
 from tasks_lib.curate.runs import OracleRuns
 from tasks_lib.curate.settings import CurationSettings
-from tasks_lib.junit import Outcome
-from tasks_lib.model import Task
+from tasks_lib.format.model import Task
 from tasks_lib.verify import VerifyResult
+from tasks_lib.verify.junit import Outcome
 
 REWARD_KEY = "<reward>"
 """Pseudo test id under which a plain Harbor task (no per-test outcomes) reports reward flips."""

@@ -12,7 +12,7 @@ import dataclasses
 import random
 from collections.abc import Callable, Mapping, Sequence
 
-from tasks_lib.model import Task
+from tasks_lib.format.model import Task
 
 ALL_FAIL = "all_fail"
 ALL_PASS = "all_pass"

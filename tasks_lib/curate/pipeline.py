@@ -33,15 +33,11 @@ from tasks_lib.curate.similarity import (
     fingerprint,
     fix_in_instruction_reasons,
 )
-from tasks_lib.errors import TaskError, TaskValidationError
-from tasks_lib.loader import load_task
-from tasks_lib.oracle import SolutionError, solution_changes
+from tasks_lib.errors import CurationError, SolutionError, TaskError, TaskValidationError
+from tasks_lib.format.loader import load_task
+from tasks_lib.verify.oracle import solution_changes
 
 Verdict = Literal["admitted", "rejected"]
-
-
-class CurationError(TaskError):
-    """Curation cannot start (for example an evaluation task that does not load)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

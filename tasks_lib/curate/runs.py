@@ -3,30 +3,20 @@ each verified N times in fresh sandboxes, plus runs with the tests in another or
 
 In-order runs go through `tasks_lib.verify` itself (fresh sandbox, guard, hidden tests, hardened
 pytest), so curation sees exactly what training will. Reordered runs need the test ids on the
-command line in a chosen order (pytest keeps command-line order), which `verify` does not take,
-so they run here with the same environment, ini and flags.
+command line in a chosen order (pytest keeps command-line order), which `verify` does not take, so
+they open the verifier's run context and call its hardened pytest run with that order.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import random
-import secrets
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
-from sandboxes import WORKSPACE_MOUNT, SandboxError, open_sandbox
-from tasks_lib.candidate import CandidateChanges
-from tasks_lib.guard import guard_changes
-from tasks_lib.junit import Outcome, ReportError, parse_junit
-from tasks_lib.model import VERIFIER_DIR, Task
-from tasks_lib.verify import VERIFY_ENV, VerifyResult, verify
-
-_RUNNER = (
-    "import sys, pytest\nsys.path.insert(0, {workspace!r})\nsys.exit(int(pytest.main({args!r})))\n"
-)
-_INI = "[pytest]\njunit_family = xunit1\njunit_logging = no\n"
+from sandboxes import SandboxError
+from tasks_lib.format.model import Task
+from tasks_lib.verify import CandidateChanges, VerifyResult, VerifyRun, run_task_tests, verify
+from tasks_lib.verify.junit import Outcome
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -92,45 +82,16 @@ def run_in_order(
     task: Task, changes: CandidateChanges, order: Sequence[str], *, backend: str = "bwrap"
 ) -> OrderRun:
     """Run the expected tests of `task` over `changes` in `order`, in a fresh sandbox."""
-    guarded = guard_changes(changes, task.snapshot_dir, task_protected=task.protected)
-    report_dir = f"{VERIFIER_DIR}/{secrets.token_hex(12)}"
+    run = VerifyRun.start(task, changes, backend=backend)
     try:
-        with open_sandbox(task.snapshot_dir, backend=backend, limits=task.limits) as sandbox:
-            for path, data in guarded.files.items():
-                sandbox.write_file(path, data)
-            if guarded.deleted:
-                sandbox.execute(["rm", "-f", "--", *guarded.deleted], timeout_s=30)
-            if task.hidden_dir is not None:
-                for dirpath, _dirs, files in os.walk(task.hidden_dir):
-                    for name in files:
-                        full = Path(dirpath) / name
-                        rel = full.relative_to(task.hidden_dir).as_posix()
-                        sandbox.write_file(rel, full.read_bytes())
-            sandbox.write_file(f"{report_dir}/pytest.ini", _INI)
-            report = f"{WORKSPACE_MOUNT}/{report_dir}/junit.xml"
-            args = [
-                *order,
-                "-c", f"{WORKSPACE_MOUNT}/{report_dir}/pytest.ini",
-                "--rootdir", WORKSPACE_MOUNT,
-                "--confcutdir", WORKSPACE_MOUNT,
-                "-p", "no:cacheprovider",
-                "--junitxml", report,
-                "-q", "--no-header", "-rN",
-            ]  # fmt: skip
-            program = _RUNNER.format(workspace=WORKSPACE_MOUNT, args=args)
-            executed = sandbox.execute(
-                ["python", "-B", "-s", "-P", "-c", program],
-                timeout_s=task.verify_timeout_s,
-                env=VERIFY_ENV,
-            )
-            if executed.timed_out or executed.oom_killed:
-                return OrderRun(tuple(order), None, "the reordered run hit a limit")
-            raw = sandbox.read_file(f"{report_dir}/junit.xml")
+        with run.sandbox() as sandbox:
+            pytest_run = run_task_tests(run, sandbox, order)
     except (SandboxError, OSError) as error:
         return OrderRun(tuple(order), None, f"no report: {type(error).__name__}: {error}")
-    try:
-        outcomes = parse_junit(raw)
-    except ReportError as error:
-        return OrderRun(tuple(order), None, f"unreadable report: {error}")
+    if pytest_run.limit is not None:
+        return OrderRun(tuple(order), None, "the reordered run hit a limit")
+    if pytest_run.report is None:
+        return OrderRun(tuple(order), None, pytest_run.broken)
+    outcomes = pytest_run.report.outcomes
     tests = {test_id: outcomes.get(test_id, "missing") for test_id in order}
-    return OrderRun(tuple(order), tests, f"pytest exit {executed.exit_code}")
+    return OrderRun(tuple(order), tests, f"pytest exit {pytest_run.executed.exit_code}")

@@ -16,13 +16,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from tasks_lib.errors import TaskError
+from tasks_lib.errors import CurationSettingsError
 
 ENV_PREFIX = "ROLLYARD_CURATE_"
-
-
-class CurationSettingsError(TaskError, ValueError):
-    """A curation setting has a value that cannot work; the message names it."""
 
 
 def reruns_for(flake_rate: float, confidence: float) -> int:

@@ -22,11 +22,11 @@ from pathlib import Path
 
 from datasketch import LeanMinHash, MinHash, MinHashLSH
 
-from tasks_lib.candidate import CandidateChanges
 from tasks_lib.curate.reasons import Reason
 from tasks_lib.curate.settings import CurationSettings
-from tasks_lib.globs import first_match
-from tasks_lib.model import TEST_FILE_GLOBS, Task
+from tasks_lib.format.globs import first_match
+from tasks_lib.format.model import TEST_FILE_GLOBS, Task
+from tasks_lib.verify.candidate import CandidateChanges
 
 _TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\d+|[^\w\s]")
 _KEEP = frozenset(keyword.kwlist) | frozenset(dir(builtins))

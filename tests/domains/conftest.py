@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from tasks_lib import load_task
-from tasks_lib.families.data_analysis import generate_data_analysis_tasks
-from tasks_lib.families.ops import generate_ops_tasks
-from tasks_lib.model import Task
+from tasks_lib.format.model import Task
+from tasks_lib.sources.families.data_analysis import generate_data_analysis_tasks
+from tasks_lib.sources.families.ops import generate_ops_tasks
 
 
 @pytest.fixture(scope="session")

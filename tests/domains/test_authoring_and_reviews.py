@@ -17,11 +17,11 @@ from sandboxes import open_sandbox
 from storage import TrajectoryStore
 from storage.reviews import blocked_families, review_gate, review_queue
 from tasks_lib import load_task
-from tasks_lib.authoring import lint_task
 from tasks_lib.curate import CurationSettings, decide
 from tasks_lib.curate.pipeline import TaskChecks
 from tasks_lib.curate.review_gate import apply_review_gate
-from tasks_lib.families.data_analysis import generate_data_analysis_tasks
+from tasks_lib.sources.authoring import lint_task
+from tasks_lib.sources.families.data_analysis import generate_data_analysis_tasks
 from tests.domains.conftest import task_of
 from training import EpisodeConfig, EpisodeKey, run_episode
 from training.actions import EditFile

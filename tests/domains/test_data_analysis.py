@@ -11,8 +11,8 @@ from pathlib import Path
 
 from tasks_lib import CandidateChanges, load_task, validate_task, verify
 from tasks_lib.curate import CurationSettings, check_task_dir
-from tasks_lib.families.data_analysis import generate_data_analysis_tasks
-from tasks_lib.oracle import checkout, solution_changes
+from tasks_lib.sources.families.data_analysis import generate_data_analysis_tasks
+from tasks_lib.verify.oracle import checkout, solution_changes
 from tests.domains.conftest import task_of
 
 

@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tasks_lib import CandidateChanges, load_task, validate_task, verify
-from tasks_lib.authoring import TaskFiles, write_task
-from tasks_lib.verifiers.compare import compare_artifact
-from tasks_lib.verifiers.spec import OutputSpec
+from tasks_lib.format.spec import OutputSpec
+from tasks_lib.sources.authoring import TaskFiles, write_task
+from tasks_lib.verify.compare import compare_artifact
 
 TABLE = OutputSpec(path="a.csv", format="csv", compare="table", key=("k",), abs_tol=0.01)
 

@@ -12,7 +12,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def demo_tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tasks_lib.families.demo.generate import generate_demo_tasks
+    from tasks_lib.sources.families.demo.generate import generate_demo_tasks
 
     tasks_dir = tmp_path_factory.mktemp("demo-tasks")
     generate_demo_tasks(tasks_dir, 4, seed=7)

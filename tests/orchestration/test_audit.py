@@ -9,8 +9,8 @@ from pathlib import Path
 
 from sandboxes import SandboxPool
 from storage import TrajectoryStore
-from tasks_lib.loader import load_task
-from tasks_lib.oracle import solution_changes
+from tasks_lib.format.loader import load_task
+from tasks_lib.verify.oracle import solution_changes
 from training.actions import EditFile, RunCommand
 from training.audit import audit_iteration
 from training.episode import EpisodeConfig, run_episode

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sandboxes import SandboxPool
-from tasks_lib.loader import load_task
+from tasks_lib.format.loader import load_task
 from training.actions import RunCommand
 from training.episode import EpisodeConfig
 from training.policy import ScriptedPolicy

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from tasks_lib import CandidateChanges, Task, load_task, solution_changes, verify
-from tasks_lib.families.demo.generate import plan_demo_task, write_demo_task
-from tasks_lib.families.demo.pool import MODULES
+from tasks_lib.sources.families.demo.generate import plan_demo_task, write_demo_task
+from tasks_lib.sources.families.demo.pool import MODULES
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ candidate APIs and the CLI, on real bwrap sandboxes."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import filecmp
 import json
 import shutil
@@ -18,17 +19,20 @@ from sandboxes import open_sandbox
 from tasks_lib import (
     CandidateChanges,
     GuardPolicy,
+    TaskNotFoundError,
     TaskValidationError,
     check_task,
+    find_task_dirs,
     generate_demo_tasks,
     load_task,
     solution_changes,
     validate_task,
     verify,
 )
-from tasks_lib.families.demo.generate import plan_demo_task
-from tasks_lib.families.demo.mutate import OPERATORS
-from tasks_lib.globs import glob_matches
+from tasks_lib.format import is_task_dir, tasks_in
+from tasks_lib.format.globs import glob_matches
+from tasks_lib.sources.families.demo.generate import plan_demo_task
+from tasks_lib.sources.families.demo.mutate import OPERATORS
 
 
 @pytest.fixture(scope="module")
@@ -199,6 +203,20 @@ def test_candidate_from_directory_sees_edits_and_deletions(demo_dir: Path, tmp_p
     assert changes.deleted == ("pyproject.toml",) and set(changes.files) == {"new.txt"}
 
 
+def test_finder_takes_a_task_or_a_directory_of_tasks(demo_dir: Path, tmp_path: Path) -> None:
+    one = demo_dir / "demo-11-0000"
+    every = tasks_in(demo_dir)
+    assert len(every) == 10 and all(is_task_dir(path) for path in every)
+    assert every == sorted(every)
+    assert find_task_dirs([one, demo_dir]) == [one, *every]
+    nowhere = tmp_path / "nowhere"
+    with pytest.raises(TaskNotFoundError, match="neither a task directory"):
+        find_task_dirs([nowhere])
+    # Without strict, a bad path is passed on for the loader to report what is wrong with it.
+    assert find_task_dirs([nowhere], strict=False) == [nowhere]
+    assert tasks_in(nowhere) == []
+
+
 # -- statuses ---------------------------------------------------------------------------------
 
 
@@ -208,6 +226,17 @@ def test_timeout_is_a_status_with_reward_zero(demo_dir: Path) -> None:
     loop = CandidateChanges(files={f"{package}/__init__.py": b"for _ in iter(int, 1):\n    pass\n"})
     result = verify(task, loop, timeout_s=3)
     assert (result.status, result.reward) == ("timeout", 0.0)
+    assert result.limit == "wall_time" and result.scored
+
+
+def test_memory_limit_is_a_timeout_with_reward_zero_naming_the_limit(demo_dir: Path) -> None:
+    task = load_task(demo_dir / "demo-11-0000")
+    task = dataclasses.replace(task, limits=task.limits.replace(memory_mb=128))
+    package = next(p.name for p in task.snapshot_dir.iterdir() if (p / "__init__.py").exists())
+    hog = CandidateChanges(files={f"{package}/__init__.py": b"_hog = bytearray(400 * 2**20)\n"})
+    result = verify(task, hog)
+    assert (result.status, result.reward, result.limit) == ("timeout", 0.0, "memory")
+    assert "memory limit" in result.detail and result.to_json()["limit"] == "memory"
 
 
 def test_infra_failure_is_a_status_never_a_zero(task_copy: Path) -> None:

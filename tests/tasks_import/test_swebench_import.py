@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tasks_lib import check_task, load_task
-from tasks_lib.swebench import import_swebench
+from tasks_lib.sources.swebench import import_swebench
 
 BUGGY = "def area(width, height):\n    return width + height\n"
 FIXED = "def area(width, height):\n    return width * height\n"

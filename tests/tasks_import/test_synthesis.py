@@ -16,7 +16,7 @@ from project_fixture import LIBRARY, make_project
 from tasks_lib import check_task, load_task
 from tasks_lib.curate import CurationSettings, check_task_dir
 from tasks_lib.errors import GenerationError
-from tasks_lib.synthesize import (
+from tasks_lib.sources.synthesize import (
     OPERATORS,
     ModuleMutator,
     copy_clean,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks_lib.loader import load_task
-from tasks_lib.model import Task
+from tasks_lib.format.loader import load_task
+from tasks_lib.format.model import Task
 
 BUGGY_SOURCE = textwrap.dedent(
     """\

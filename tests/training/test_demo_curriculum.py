@@ -10,7 +10,7 @@ import pytest
 
 from tasks_lib import check_task, generate_demo_tasks, load_task
 from tasks_lib.errors import GenerationError
-from tasks_lib.families.demo.generate import plan_demo_task
+from tasks_lib.sources.families.demo.generate import plan_demo_task
 
 
 def test_easy_tasks_hold_one_directly_tested_bug_in_a_small_function() -> None:

@@ -13,9 +13,9 @@ import torch
 
 from sandboxes import open_sandbox
 from tasks_lib import load_task
-from tasks_lib.families.data_analysis.generate import plan_data_task, write_data_task
-from tasks_lib.families.ops.generate import plan_ops_task, write_ops_task
-from tasks_lib.model import Task
+from tasks_lib.format.model import Task
+from tasks_lib.sources.families.data_analysis.generate import plan_data_task, write_data_task
+from tasks_lib.sources.families.ops.generate import plan_ops_task, write_ops_task
 from training.actions import (
     TRIAL_KEPT,
     History,

@@ -11,7 +11,7 @@ import pytest
 
 from sandboxes import Sandbox, open_sandbox
 from storage import TrajectoryStore, episode_id_for
-from tasks_lib.model import Task
+from tasks_lib.format.model import Task
 from training.actions import (
     TRIAL_KEPT,
     TRIAL_REVERTED,

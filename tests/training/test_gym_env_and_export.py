@@ -11,7 +11,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 from sandboxes import Sandbox
-from tasks_lib.model import Task
+from tasks_lib.format.model import Task
 from training.actions import EditFile, RunCommand, Submit, action_to_json
 from training.episode import EpisodeConfig
 from training.errors import EnvLifecycleError

@@ -1,0 +1,614 @@
+"""Load and validate Harbor task directories; every problem names the file, field, value and fix.
+
+A Harbor task directory holds `instruction.md`, `task.toml`, `environment/` (a Dockerfile and the
+files it copies), `tests/test.sh` (+ test files; writes `/logs/verifier/reward.txt`) and
+`solution/solve.sh`. rollyard's fields live in the `[rollyard]` table of `task.toml`; a task
+without that table still loads and is scored from its `reward.txt`.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import math
+import re
+import shlex
+import tomllib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from sandboxes import Limits
+from tasks_lib.errors import TaskNotFoundError, TaskValidationError, ValidationIssue
+from tasks_lib.format.model import (
+    DECLARED_KINDS,
+    DEFAULT_HIDDEN_DIR,
+    DEFAULT_TEST_COMMAND,
+    DEFAULT_WORKSPACE_DIR,
+    DIFFICULTIES,
+    Task,
+)
+from tasks_lib.format.spec import parse_artifact, parse_rules
+
+ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+TEST_ID_PATTERN = re.compile(r"^(?P<file>[^:\s][^:]*\.py)(?P<rest>(?:::[^:]+)+)$")
+
+LIMIT_FIELDS = tuple(field.name for field in dataclasses.fields(Limits))
+ROLLYARD_FIELDS = {
+    "id": "task id (letters, digits, . _ -)",
+    "version": "task version string",
+    "workspace_dir": "task-relative dir of the agent's initial workspace",
+    "test_command": "pytest command the agent runs, e.g. 'python -m pytest tests'",
+    "fail_to_pass": "test ids that fail before the fix and pass after",
+    "pass_to_pass": "test ids that pass before and after",
+    "hidden_tests": "test ids installed only at verification",
+    "hidden_dir": "task-relative dir overlaid onto the workspace at verification",
+    "protected": "extra protected path globs",
+    "family": "task family name",
+    "source": "where the task comes from",
+    "difficulty": "easy | medium | hard",
+    "limits": "table of sandbox limits and timeouts",
+    "verifier": "tests | artifact | rules",
+    "artifact": "table of the artifact verifier (outputs, variants, command)",
+    "rules": "table of the rule verifier (checks, overlay_dir)",
+}
+EXTRA_LIMIT_FIELDS = ("agent_timeout_s", "verify_timeout_s")
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+class _Checker:
+    """Collects issues instead of stopping at the first, so one run lists every problem."""
+
+    def __init__(self) -> None:
+        self.issues: list[ValidationIssue] = []
+
+    def add(self, file: str, field: str, value: Any, message: str, fix: str) -> None:
+        shown = "-" if value is _MISSING else _show(value)
+        self.issues.append(ValidationIssue(file, field, shown, message, fix))
+
+
+_MISSING = object()
+
+
+def _relative_inside(value: str) -> bool:
+    parts = Path(value).parts
+    return bool(value) and not Path(value).is_absolute() and ".." not in parts
+
+
+def defined_names(test_file: Path) -> set[str] | None:
+    """Top-level test functions and `Class::method` names of a test file (None if unparsable)."""
+    try:
+        tree = ast.parse(test_file.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            names.add(node.name)
+        elif isinstance(node, ast.ClassDef):
+            names.add(node.name)
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    names.add(f"{node.name}::{item.name}")
+    return names
+
+
+def checkable_test_ids(workspace: Path, test_ids: Iterable[str]) -> tuple[str, ...]:
+    """The ids of `test_ids` that the loader can check against the test files under `workspace`
+    (it refuses, for example, methods a test class inherits from a mixin in another module)."""
+    names: dict[str, set[str] | None] = {}
+    kept = []
+    for test_id in test_ids:
+        match = TEST_ID_PATTERN.match(test_id)
+        if match is None:
+            continue
+        file_rel = match.group("file")
+        if file_rel not in names:
+            path = workspace / file_rel
+            names[file_rel] = defined_names(path) if path.is_file() else set()
+        defined = names[file_rel]
+        if defined is not None and _node_name(match) in defined:
+            kept.append(test_id)
+    return tuple(kept)
+
+
+def _node_name(match: re.Match[str]) -> str:
+    """`name` or `Class::name` of a matched test id, its parametrization left out."""
+    return re.sub(r"\[.*\]$", "", match.group("rest")[2:])
+
+
+def _check_test_ids(
+    check: _Checker, field: str, ids: Any, root: Path | None, root_label: str
+) -> tuple[str, ...]:
+    if not isinstance(ids, list) or not all(isinstance(item, str) for item in ids):
+        check.add(
+            "task.toml",
+            f"rollyard.{field}",
+            ids,
+            "must be a list of test id strings",
+            'write it as ["tests/test_x.py::test_name", ...]',
+        )
+        return ()
+    parsed_files: dict[str, set[str] | None] = {}
+    for index, test_id in enumerate(ids):
+        where = f"rollyard.{field}[{index}]"
+        match = TEST_ID_PATTERN.match(test_id)
+        if match is None or not _relative_inside(match.group("file")):
+            check.add(
+                "task.toml",
+                where,
+                test_id,
+                "is not a pytest node id with a workspace-relative file",
+                "use the form 'tests/test_x.py::test_name' (or '::Class::test_name')",
+            )
+            continue
+        if root is None:
+            continue
+        file_rel = match.group("file")
+        test_file = root / file_rel
+        if not test_file.is_file():
+            check.add(
+                "task.toml",
+                where,
+                test_id,
+                f"test file {file_rel} does not exist in {root_label}",
+                f"add the file under {root_label} or correct the id",
+            )
+            continue
+        if file_rel not in parsed_files:
+            parsed_files[file_rel] = defined_names(test_file)
+        names = parsed_files[file_rel]
+        name = _node_name(match)
+        if names is not None and name not in names:
+            check.add(
+                "task.toml",
+                where,
+                test_id,
+                f"{root_label}/{file_rel} defines no test named {name!r}",
+                "correct the id or add the test",
+            )
+    if len(set(ids)) != len(ids):
+        check.add(
+            "task.toml", f"rollyard.{field}", ids, "lists a test id twice", "remove duplicates"
+        )
+    return tuple(ids)
+
+
+def _number(check: _Checker, table: dict[str, Any], key: str, field: str) -> float | None:
+    if key not in table:
+        return None
+    value = table[key]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        check.add("task.toml", field, value, "must be a number", "write a positive number")
+        return None
+    if value <= 0:
+        check.add("task.toml", field, value, "must be positive", "write a positive number")
+        return None
+    return float(value)
+
+
+def _string(
+    check: _Checker,
+    table: dict[str, Any],
+    key: str,
+    default: str,
+    *,
+    required: bool = False,
+) -> str:
+    if key not in table:
+        if required:
+            check.add(
+                "task.toml",
+                f"rollyard.{key}",
+                _MISSING,
+                "is required",
+                f'add {key} = "..." ({ROLLYARD_FIELDS[key]})',
+            )
+        return default
+    value = table[key]
+    if not isinstance(value, str) or not value.strip():
+        check.add(
+            "task.toml",
+            f"rollyard.{key}",
+            value,
+            "must be a non-empty string",
+            f'write {key} = "..." ({ROLLYARD_FIELDS[key]})',
+        )
+        return default
+    return value
+
+
+def _test_paths(check: _Checker, command: str) -> tuple[str, ...]:
+    try:
+        argv = shlex.split(command)
+    except ValueError as error:
+        check.add(
+            "task.toml",
+            "rollyard.test_command",
+            command,
+            f"cannot be split ({error})",
+            "fix the quoting",
+        )
+        return ("tests",)
+    if argv[:3] == ["python", "-m", "pytest"]:
+        rest = argv[3:]
+    elif argv[:1] == ["pytest"]:
+        rest = argv[1:]
+    else:
+        check.add(
+            "task.toml",
+            "rollyard.test_command",
+            command,
+            "must start with 'python -m pytest' or 'pytest'",
+            f"write e.g. test_command = {DEFAULT_TEST_COMMAND!r}",
+        )
+        return ("tests",)
+    options = [arg for arg in rest if arg.startswith("-")]
+    if options:
+        # The verifier runs pytest with its own hardened options; task options would be ignored
+        # silently, which would surprise the task's author.
+        check.add(
+            "task.toml",
+            "rollyard.test_command",
+            command,
+            f"holds pytest options {options}, which the verifier does not pass",
+            "list only workspace-relative test paths after the pytest command",
+        )
+    paths = tuple(arg for arg in rest if not arg.startswith("-"))
+    for path in paths:
+        if not _relative_inside(path):
+            check.add(
+                "task.toml",
+                "rollyard.test_command",
+                command,
+                f"test path {path!r} leaves the workspace",
+                "use workspace-relative paths",
+            )
+    return paths or (".",)
+
+
+def _limits(
+    check: _Checker, doc: dict[str, Any], rollyard: dict[str, Any]
+) -> tuple[Limits, float, float]:
+    defaults = Limits()
+    values: dict[str, float] = {}
+    agent_timeout_s = 600.0
+    verify_timeout_s = 120.0
+    # Harbor's own sections first, so a plain Harbor task keeps its resources; [rollyard.limits]
+    # overrides them.
+    environment = doc.get("environment", {})
+    if isinstance(environment, dict):
+        for key, name in (("cpus", "cpus"), ("memory_mb", "memory_mb"), ("storage_mb", "disk_mb")):
+            number = _number(check, environment, key, f"environment.{key}")
+            if number is not None:
+                values[name] = number
+    for section, target in (("agent", "agent"), ("verifier", "verify")):
+        table = doc.get(section, {})
+        if isinstance(table, dict):
+            number = _number(check, table, "timeout_sec", f"{section}.timeout_sec")
+            if number is not None:
+                if target == "agent":
+                    agent_timeout_s = number
+                else:
+                    verify_timeout_s = number
+    table = rollyard.get("limits", {})
+    if not isinstance(table, dict):
+        check.add(
+            "task.toml",
+            "rollyard.limits",
+            table,
+            "must be a table",
+            "write [rollyard.limits] with keys like memory_mb = 1024",
+        )
+        table = {}
+    for key in table:
+        if key not in LIMIT_FIELDS and key not in EXTRA_LIMIT_FIELDS:
+            check.add(
+                "task.toml",
+                f"rollyard.limits.{key}",
+                table[key],
+                "is not a known limit",
+                f"use one of {', '.join((*LIMIT_FIELDS, *EXTRA_LIMIT_FIELDS))}",
+            )
+            continue
+        number = _number(check, table, key, f"rollyard.limits.{key}")
+        if number is None:
+            continue
+        if key == "agent_timeout_s":
+            agent_timeout_s = number
+        elif key == "verify_timeout_s":
+            verify_timeout_s = number
+        else:
+            values[key] = number
+    typed: dict[str, Any] = {}
+    for key, number in values.items():
+        default = getattr(defaults, key)
+        typed[key] = math.ceil(number) if isinstance(default, int) else number
+    return defaults.replace(**typed), agent_timeout_s, verify_timeout_s
+
+
+def _harbor_layout(check: _Checker, root: Path) -> tuple[str, dict[str, Any]]:
+    instruction = ""
+    instruction_path = root / "instruction.md"
+    if not instruction_path.is_file():
+        check.add("instruction.md", "-", _MISSING, "is missing", "write the task prompt there")
+    else:
+        instruction = instruction_path.read_text(encoding="utf-8", errors="replace")
+        if not instruction.strip():
+            check.add("instruction.md", "-", "", "is empty", "write the task prompt there")
+    doc: dict[str, Any] = {}
+    toml_path = root / "task.toml"
+    if not toml_path.is_file():
+        check.add(
+            "task.toml", "-", _MISSING, "is missing", 'create it with at least version = "1.0"'
+        )
+    else:
+        try:
+            doc = tomllib.loads(toml_path.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+            check.add("task.toml", "-", "-", f"is not valid TOML ({error})", "fix the syntax")
+    if not (root / "environment").is_dir():
+        check.add(
+            "environment/",
+            "-",
+            _MISSING,
+            "is missing",
+            "add environment/ with a Dockerfile and the workspace files it copies",
+        )
+    elif not (root / "environment" / "Dockerfile").is_file():
+        check.add(
+            "environment/Dockerfile",
+            "-",
+            _MISSING,
+            "is missing",
+            "add a Dockerfile that copies the workspace (Harbor builds the image from it)",
+        )
+    if not (root / "tests" / "test.sh").is_file():
+        check.add(
+            "tests/test.sh",
+            "-",
+            _MISSING,
+            "is missing",
+            "add a script that runs the tests and writes /logs/verifier/reward.txt",
+        )
+    return instruction, doc
+
+
+def _workspace(check: _Checker, root: Path, rollyard: dict[str, Any]) -> Path:
+    if "workspace_dir" in rollyard:
+        relative = _string(check, rollyard, "workspace_dir", DEFAULT_WORKSPACE_DIR)
+    elif (root / DEFAULT_WORKSPACE_DIR).is_dir():
+        relative = DEFAULT_WORKSPACE_DIR
+    else:
+        # A plain Harbor task copies environment/ into its image; that is what the agent sees.
+        relative = "environment"
+    workspace = root / relative
+    if not _relative_inside(relative) or not workspace.is_dir():
+        check.add(
+            "task.toml",
+            "rollyard.workspace_dir",
+            relative,
+            "is not a directory inside the task",
+            f"create {relative}/ with the agent's starting files, or point workspace_dir at them",
+        )
+        return workspace
+    for forbidden, why in (
+        (".git", "a snapshot must not carry history that may hold the fix"),
+        ("solution", "the solution must never be visible to the agent"),
+    ):
+        if (workspace / forbidden).exists():
+            check.add(
+                f"{relative}/{forbidden}",
+                "-",
+                "-",
+                f"is in the workspace: {why}",
+                f"delete {relative}/{forbidden}",
+            )
+    return workspace
+
+
+def validate_task(path: str | Path) -> tuple[ValidationIssue, ...]:
+    """Every problem of the task directory at `path` (empty when it is valid)."""
+    try:
+        _load(Path(path))
+    except TaskValidationError as error:
+        return error.issues
+    return ()
+
+
+def load_task(path: str | Path) -> Task:
+    """Load the task directory at `path`; raises `TaskValidationError` listing every problem."""
+    return _load(Path(path))
+
+
+def _load(root: Path) -> Task:
+    if not root.is_dir():
+        raise TaskNotFoundError(
+            f"task directory {root} does not exist (or is not a directory); "
+            "pass the path of a Harbor task directory"
+        )
+    root = root.resolve()
+    check = _Checker()
+    instruction, doc = _harbor_layout(check, root)
+    rollyard_raw = doc.get("rollyard", _MISSING)
+    has_table = rollyard_raw is not _MISSING
+    rollyard: dict[str, Any] = {}
+    if has_table and not isinstance(rollyard_raw, dict):
+        check.add(
+            "task.toml",
+            "rollyard",
+            rollyard_raw,
+            "must be a table",
+            "write the fields under a [rollyard] header",
+        )
+    elif has_table:
+        assert isinstance(rollyard_raw, dict)
+        rollyard = rollyard_raw
+    for key in rollyard:
+        if key not in ROLLYARD_FIELDS:
+            check.add(
+                "task.toml",
+                f"rollyard.{key}",
+                rollyard[key],
+                "is not a known field",
+                f"remove it or use one of {', '.join(ROLLYARD_FIELDS)}",
+            )
+
+    task_id = _string(check, rollyard, "id", root.name, required=has_table)
+    if not ID_PATTERN.match(task_id):
+        check.add(
+            "task.toml",
+            "rollyard.id",
+            task_id,
+            "is not a valid task id",
+            "use letters, digits, '.', '_' and '-' (at most 128 characters)",
+        )
+    default_version = str(doc.get("version", "1")) if not has_table else "1"
+    version = _string(check, rollyard, "version", default_version, required=has_table)
+    workspace = _workspace(check, root, rollyard)
+    test_command = _string(check, rollyard, "test_command", DEFAULT_TEST_COMMAND)
+    test_paths = _test_paths(check, test_command)
+
+    hidden_dir: Path | None = None
+    hidden_relative = _string(check, rollyard, "hidden_dir", DEFAULT_HIDDEN_DIR)
+    if (root / hidden_relative).is_dir():
+        hidden_dir = root / hidden_relative
+    elif "hidden_dir" in rollyard:
+        check.add(
+            "task.toml",
+            "rollyard.hidden_dir",
+            hidden_relative,
+            "is not a directory of the task",
+            "create it with the hidden test files, or remove the field",
+        )
+    workspace_ok = workspace.is_dir()
+    fail_to_pass = _check_test_ids(
+        check,
+        "fail_to_pass",
+        rollyard.get("fail_to_pass", []),
+        workspace if workspace_ok else None,
+        "the workspace",
+    )
+    pass_to_pass = _check_test_ids(
+        check,
+        "pass_to_pass",
+        rollyard.get("pass_to_pass", []),
+        workspace if workspace_ok else None,
+        "the workspace",
+    )
+    hidden_tests = _check_test_ids(
+        check,
+        "hidden_tests",
+        rollyard.get("hidden_tests", []),
+        hidden_dir,
+        hidden_relative,
+    )
+    if hidden_tests and hidden_dir is None:
+        check.add(
+            "task.toml",
+            "rollyard.hidden_tests",
+            list(hidden_tests),
+            f"lists hidden tests but {hidden_relative}/ does not exist",
+            "add the hidden test files there or set hidden_dir",
+        )
+    verifier = _string(check, rollyard, "verifier", "tests")
+    if verifier not in DECLARED_KINDS:
+        check.add(
+            "task.toml",
+            "rollyard.verifier",
+            verifier,
+            "is not a known verifier kind",
+            f"use one of {', '.join(DECLARED_KINDS)}",
+        )
+        verifier = "tests"
+    artifact = parse_artifact(check, root, rollyard) if verifier == "artifact" else None
+    rules = parse_rules(check, root, rollyard) if verifier == "rules" else None
+    for key, kind in (("artifact", "artifact"), ("rules", "rules")):
+        if key in rollyard and verifier != kind:
+            check.add(
+                "task.toml",
+                f"rollyard.{key}",
+                "-",
+                f"is set but verifier = {verifier!r}",
+                f'set verifier = "{kind}" or remove [rollyard.{key}]',
+            )
+    if verifier != "tests" and (fail_to_pass or pass_to_pass or hidden_tests):
+        check.add(
+            "task.toml",
+            "rollyard.fail_to_pass",
+            [*fail_to_pass, *pass_to_pass, *hidden_tests],
+            f"test ids are listed but verifier = {verifier!r} runs no test suite",
+            'remove the test ids or set verifier = "tests"',
+        )
+    if has_table and verifier == "tests" and not (fail_to_pass or pass_to_pass or hidden_tests):
+        check.add(
+            "task.toml",
+            "rollyard.fail_to_pass",
+            [],
+            "no expected tests are listed",
+            "list the tests that decide the reward in fail_to_pass / pass_to_pass / hidden_tests",
+        )
+    overlap = set(fail_to_pass) & set(pass_to_pass)
+    if overlap:
+        check.add(
+            "task.toml",
+            "rollyard.pass_to_pass",
+            sorted(overlap),
+            "test ids are also in fail_to_pass",
+            "list each test in one of the two only",
+        )
+    protected_raw = rollyard.get("protected", [])
+    if not isinstance(protected_raw, list) or not all(
+        isinstance(item, str) and item.strip() for item in protected_raw
+    ):
+        check.add(
+            "task.toml",
+            "rollyard.protected",
+            protected_raw,
+            "must be a list of glob strings",
+            'write e.g. protected = ["data/**", "*.lock"]',
+        )
+        protected_raw = []
+    difficulty = _string(check, rollyard, "difficulty", "medium")
+    if difficulty not in DIFFICULTIES:
+        check.add(
+            "task.toml",
+            "rollyard.difficulty",
+            difficulty,
+            "is not a known difficulty",
+            f"use one of {', '.join(DIFFICULTIES)}",
+        )
+    limits, agent_timeout_s, verify_timeout_s = _limits(check, doc, rollyard)
+    family = _string(check, rollyard, "family", "harbor")
+    source = _string(check, rollyard, "source", str(root.name))
+
+    if check.issues:
+        raise TaskValidationError(str(root), tuple(check.issues))
+    return Task(
+        id=task_id,
+        version=version,
+        path=root,
+        instruction=instruction,
+        snapshot_dir=workspace,
+        limits=limits,
+        agent_timeout_s=agent_timeout_s,
+        verify_timeout_s=verify_timeout_s,
+        test_command=test_command,
+        test_paths=test_paths,
+        fail_to_pass=fail_to_pass,
+        pass_to_pass=pass_to_pass,
+        hidden_tests=hidden_tests,
+        hidden_dir=hidden_dir,
+        protected=tuple(protected_raw),
+        family=family,
+        source=source,
+        difficulty=difficulty,
+        has_rollyard_table=has_table,
+        verifier=verifier,
+        artifact=artifact,
+        rules=rules,
+    )

@@ -1,0 +1,577 @@
+"""Synthesis: inject bugs into a real Python project, keep the ones its own tests catch reliably,
+and write each as a Harbor task.
+
+A mutant is kept only when the original suite passes (twice, same outcomes), the mutant fails at
+least one of those tests and leaves others passing, and a second run of the mutant fails the same
+tests with the same messages. Mutants that break the same tests the same way are one task.
+Mutants are evaluated in batches; with an `executor` (a `concurrent.futures.Executor` or a Dask
+`distributed.Client`, anything with `submit(fn, *args)`) the batches run in parallel, and the
+result is the same as a sequential run: mutants are decided in a fixed order.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import json
+import random
+import re
+import shutil
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from sandboxes import Limits, SandboxError, open_sandbox
+from tasks_lib.errors import GenerationError
+from tasks_lib.format.loader import checkable_test_ids, load_task
+from tasks_lib.format.model import DEFAULT_WORKSPACE_DIR
+from tasks_lib.sources.authoring.writer import (
+    FIX_PATCH,
+    FileContent,
+    TaskFiles,
+    dockerfile,
+    harbor_test_sh,
+    patch_solve_sh,
+    write_task,
+)
+from tasks_lib.sources.synthesize.operators import OPERATORS, ModuleMutator, SourceMutation
+from tasks_lib.sources.synthesize.project import (
+    ProjectLayout,
+    add_src_shim,
+    copy_clean,
+    inspect_project,
+)
+from tasks_lib.verify import PytestRun, check_task, run_pytest
+
+FAMILY = "synth.mutation"
+BASELINE_RUNS = 2
+MAX_LISTED_FAILURES = 10
+
+Verdict = Literal[
+    "kept",
+    "survived",
+    "breaks_everything",
+    "too_broad",
+    "unstable",
+    "timeout",
+    "broken",
+    "unverifiable",
+]
+
+
+class Submitter(Protocol):
+    """What synthesis needs of an executor: `concurrent.futures.Executor` and
+    `distributed.Client` both fit."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MutantResult:
+    mutation: SourceMutation
+    verdict: Verdict
+    fail_to_pass: tuple[str, ...] = ()
+    pass_to_pass: tuple[str, ...] = ()
+    messages: tuple[tuple[str, str], ...] = ()
+    """(test id, failure message) of the failing tests."""
+    duration_s: float = 0.0
+
+    @property
+    def signature(self) -> tuple[tuple[str, str], ...]:
+        """Which tests break and how: two mutants with the same signature are one task."""
+        return self.messages
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SynthesisReport:
+    project: str
+    mutants_tried: int
+    tasks_kept: int
+    duplicates: int
+    verdicts: Mapping[str, int]
+    kept_by_operator: Mapping[str, int]
+    baseline_tests: int
+    """Tests that pass on the original in every baseline run."""
+    duration_s: float
+    task_dirs: tuple[str, ...]
+    check_failures: tuple[str, ...] = ()
+    """Tasks dropped because the oracle check failed (id: first problem)."""
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["verdicts"] = dict(self.verdicts)
+        data["kept_by_operator"] = dict(self.kept_by_operator)
+        data["duration_s"] = round(self.duration_s, 2)
+        return data
+
+
+# -- evaluating mutants (runs on workers: module-level, picklable arguments) ------------------------
+
+
+def _failing(run: PytestRun, baseline: Sequence[str]) -> dict[str, str]:
+    """Baseline-passing tests that no longer pass, with their (normalized) messages."""
+    messages = run.report.messages if run.report is not None else {}
+    failing = {}
+    for test_id in baseline:
+        outcome = run.outcomes.get(test_id, "missing")
+        if outcome != "passed":
+            failing[test_id] = f"{outcome}: {messages.get(test_id, '')}"
+    return failing
+
+
+def evaluate_mutants(
+    workspace: str,
+    test_paths: tuple[str, ...],
+    baseline: tuple[str, ...],
+    checkable: tuple[str, ...],
+    mutations: tuple[SourceMutation, ...],
+    *,
+    backend: str = "bwrap",
+    limits: Limits | None = None,
+    timeout_s: float = 60.0,
+    stability_runs: int = 2,
+    max_fail_to_pass: int | None = None,
+) -> list[MutantResult]:
+    """Run the suite on each mutant of `workspace` (one sandbox, reset between mutants); a mutant
+    failing more than `max_fail_to_pass` tests is `too_broad` (None: no bound)."""
+    root = Path(workspace)
+    checkable_set = set(checkable)
+    results: list[MutantResult] = []
+    with open_sandbox(root, backend=backend, limits=limits or Limits()) as sandbox:
+        for mutation in mutations:
+            started = time.monotonic()
+            mutated = mutation.apply((root / mutation.path).read_bytes())
+            runs: list[dict[str, str]] = []
+            verdict: Verdict | None = None
+            for _ in range(stability_runs):
+                sandbox.write_file(mutation.path, mutated)
+                run = run_pytest(sandbox, test_paths, timeout_s=timeout_s)
+                sandbox.reset()
+                if run.broken:
+                    verdict = "timeout" if run.limit == "wall_time" else "broken"
+                    break
+                failing = _failing(run, baseline)
+                runs.append(failing)
+                if not failing:
+                    verdict = "survived"
+                    break
+                if len(failing) == len(baseline):
+                    verdict = "breaks_everything"
+                    break
+                if runs[0] != failing:
+                    verdict = "unstable"
+                    break
+            duration_s = time.monotonic() - started
+            if verdict is not None:
+                results.append(MutantResult(mutation, verdict, duration_s=duration_s))
+                continue
+            failing = runs[0]
+            fail_to_pass = tuple(sorted(t for t in failing if t in checkable_set))
+            pass_to_pass = tuple(t for t in baseline if t not in failing and t in checkable_set)
+            if not fail_to_pass or not pass_to_pass:
+                results.append(MutantResult(mutation, "unverifiable", duration_s=duration_s))
+                continue
+            if max_fail_to_pass is not None and len(fail_to_pass) > max_fail_to_pass:
+                results.append(MutantResult(mutation, "too_broad", duration_s=duration_s))
+                continue
+            results.append(
+                MutantResult(
+                    mutation,
+                    "kept",
+                    fail_to_pass,
+                    pass_to_pass,
+                    tuple(sorted(failing.items())),
+                    duration_s,
+                )
+            )
+    return results
+
+
+# -- choosing mutants -----------------------------------------------------------------------------
+
+
+def candidate_mutations(
+    workspace: Path, layout: ProjectLayout, seed: int
+) -> Iterator[SourceMutation]:
+    """Distinct mutations in a seeded order that cycles through operators, so common kinds
+    (variable swaps) do not crowd out the rare ones."""
+    rng = random.Random(f"rollyard-synth:{seed}")
+    pools: dict[str, list[tuple[ModuleMutator, int]]] = {op: [] for op in OPERATORS}
+    for relative in layout.library_files:
+        try:
+            mutator = ModuleMutator(relative, (workspace / relative).read_bytes())
+        except (SyntaxError, ValueError, UnicodeDecodeError, RecursionError):
+            continue
+        for index, site in enumerate(mutator.sites):
+            pools.setdefault(site.operator, []).append((mutator, index))
+    for pool in pools.values():
+        rng.shuffle(pool)
+    seen: set[tuple[str, int, int, str]] = set()
+    operators = [op for op in pools if pools[op]]
+    while operators:
+        rng.shuffle(operators)
+        for operator in list(operators):
+            pool = pools[operator]
+            while pool:
+                mutator, index = pool.pop()
+                mutation = mutator.edit(mutator.sites[index])
+                if mutation is None:
+                    continue
+                key = (mutation.path, mutation.start, mutation.end, mutation.replacement)
+                if key in seen:
+                    continue
+                seen.add(key)
+                yield mutation
+                break
+            if not pool:
+                operators.remove(operator)
+
+
+# -- the pipeline -----------------------------------------------------------------------------------
+
+
+def _baseline(
+    workspace: Path, layout: ProjectLayout, backend: str, limits: Limits
+) -> tuple[tuple[str, ...], float]:
+    runs: list[PytestRun] = []
+    with open_sandbox(workspace, backend=backend, limits=limits) as sandbox:
+        for _ in range(BASELINE_RUNS):
+            run = run_pytest(sandbox, layout.test_paths, timeout_s=limits.wall_time_s)
+            sandbox.reset()
+            if run.broken:
+                raise GenerationError(
+                    f"the test suite of {layout.name} does not run in the sandbox: {run.broken}"
+                )
+            runs.append(run)
+    passing = [
+        test_id
+        for test_id, outcome in runs[0].outcomes.items()
+        if outcome == "passed" and all(run.outcomes.get(test_id) == "passed" for run in runs[1:])
+    ]
+    if not passing:
+        raise GenerationError(
+            f"no test of {layout.name} passes on the original code "
+            f"({len(runs[0].outcomes)} collected from {', '.join(layout.test_paths)}); "
+            "synthesis needs a passing suite (are its test dependencies installed?)"
+        )
+    return tuple(sorted(passing)), max(run.executed.duration_s for run in runs)
+
+
+def _slug(name: str) -> str:
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.").lower()
+    return (slug or "project")[:60]
+
+
+def synthesize_tasks(
+    project_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    max_tasks: int = 10,
+    seed: int = 0,
+    max_mutants: int | None = None,
+    name: str | None = None,
+    executor: Submitter | None = None,
+    batch_size: int = 6,
+    backend: str = "bwrap",
+    limits: Limits | None = None,
+    check: bool = True,
+    max_fail_to_pass: int | None = None,
+    progress: Callable[[MutantResult], None] | None = None,
+) -> SynthesisReport:
+    """Write up to `max_tasks` bug-fix tasks for the project at `project_dir` under `out_dir`.
+
+    `max_mutants` caps the mutants tried (default 8 per wanted task). With `check`, every kept
+    task must pass the oracle check (`tasks_lib.check_task`) or it is dropped. A mutant failing
+    more than `max_fail_to_pass` tests is too broad a task; the caller passes the bound its
+    curation applies (`CurationSettings.max_fail_to_pass`), None keeps every such mutant. The
+    project must be readable by the sandbox workers (with a Dask client: a shared filesystem).
+    """
+    if max_tasks < 1:
+        raise GenerationError(f"max_tasks must be at least 1, got {max_tasks}")
+    started = time.monotonic()
+    project = Path(project_dir).resolve()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    limits = limits or Limits(wall_time_s=300.0, cpu_time_s=600.0, memory_mb=2048)
+    max_mutants = max_mutants or 8 * max_tasks
+    staging = Path(tempfile.mkdtemp(prefix=".synthesis-", dir=out))
+    try:
+        workspace = staging / "workspace"
+        copy_clean(project, workspace, skip=(out,))
+        layout = inspect_project(workspace, name or project.name)
+        if layout.src_layout:
+            add_src_shim(workspace)
+        baseline, baseline_s = _baseline(workspace, layout, backend, limits)
+        checkable = checkable_test_ids(workspace, baseline)
+        timeout_s = max(20.0, 3 * baseline_s + 10)
+        mutations = candidate_mutations(workspace, layout, seed)
+
+        def submit(batch: tuple[SourceMutation, ...]) -> Any:
+            args = (str(workspace), layout.test_paths, baseline, checkable, batch)
+            kwargs = {
+                "backend": backend,
+                "limits": limits,
+                "timeout_s": timeout_s,
+                "max_fail_to_pass": max_fail_to_pass,
+            }
+            if executor is None:
+                done: Future[list[MutantResult]] = Future()
+                done.set_result(evaluate_mutants(*args, **kwargs))  # type: ignore[arg-type]
+                return done
+            return executor.submit(evaluate_mutants, *args, **kwargs)
+
+        kept: list[MutantResult] = []
+        signatures: set[tuple[tuple[str, str], ...]] = set()
+        verdicts: Counter[str] = Counter()
+        tried = 0
+        duplicates = 0
+        wave = 1 if executor is None else 4
+        while len(kept) < max_tasks and tried < max_mutants:
+            batches = []
+            for _ in range(wave):
+                batch: list[SourceMutation] = []
+                while len(batch) < batch_size and tried + len(batch) < max_mutants:
+                    mutation = next(mutations, None)
+                    if mutation is None:
+                        break
+                    batch.append(mutation)
+                if not batch:
+                    break
+                tried += len(batch)
+                batches.append(submit(tuple(batch)))
+            if not batches:
+                break
+            for future in batches:
+                for result in future.result():
+                    if progress is not None:
+                        progress(result)
+                    if result.verdict != "kept":
+                        verdicts[result.verdict] += 1
+                        continue
+                    if result.signature in signatures:
+                        duplicates += 1
+                        verdicts["duplicate"] += 1
+                        continue
+                    if len(kept) < max_tasks:
+                        signatures.add(result.signature)
+                        kept.append(result)
+                        verdicts["kept"] += 1
+                    else:
+                        verdicts["over_max"] += 1
+        task_dirs: list[str] = []
+        check_failures: list[str] = []
+        by_operator: Counter[str] = Counter()
+        for result in kept:
+            task_id = f"{_slug(layout.name)}-{result.mutation.key}"
+            path = write_synthesized_task(workspace, layout, result, out / task_id, task_id)
+            if check:
+                problem = _oracle_problem(path, backend)
+                if problem:
+                    check_failures.append(f"{task_id}: {problem}")
+                    shutil.rmtree(path)
+                    continue
+            task_dirs.append(str(path))
+            by_operator[result.mutation.operator] += 1
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return SynthesisReport(
+        project=layout.name,
+        mutants_tried=tried,
+        tasks_kept=len(task_dirs),
+        duplicates=duplicates,
+        verdicts=dict(sorted(verdicts.items())),
+        kept_by_operator=dict(sorted(by_operator.items())),
+        baseline_tests=len(baseline),
+        duration_s=time.monotonic() - started,
+        task_dirs=tuple(task_dirs),
+        check_failures=tuple(check_failures),
+    )
+
+
+def _oracle_problem(path: Path, backend: str) -> str:
+    try:
+        result = check_task(load_task(path))
+    except (GenerationError, SandboxError) as error:
+        return str(error)
+    except Exception as error:  # a task that cannot even load is a failed check, with its reason
+        return f"{type(error).__name__}: {error}"
+    return "" if result.ok else result.problems[0]
+
+
+# -- writing a task ---------------------------------------------------------------------------------
+
+_DOCKERFILE = dockerfile('"pytest>=7"')
+
+_TEST_SH = harbor_test_sh(
+    "restores the original test files, runs the suite, and writes\n"
+    "reward 1 only when every expected test passed.",
+    "cp -r /tests/protected/. /workspace/\n"
+    "cd /workspace\n"
+    "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONDONTWRITEBYTECODE=1 python -m pytest -p no:cacheprovider "
+    "\\\n    -q -o junit_family=xunit1 --junitxml=/logs/verifier/junit.xml {test_paths}\n"
+    "python /tests/reward.py /logs/verifier/junit.xml /tests/expected_tests.json \\\n"
+    "    > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n",
+)
+
+_REWARD_PY = '''\
+"""Reward 1 when every expected test id appears in the JUnit report as passed, else 0."""
+import json
+import sys
+import xml.etree.ElementTree as ElementTree
+
+report, expected_file = sys.argv[1], sys.argv[2]
+passed = set()
+for case in ElementTree.parse(report).getroot().iter("testcase"):
+    file, name = case.get("file") or "", case.get("name") or ""
+    module = file[:-3].replace("/", ".")
+    classname = case.get("classname", "")
+    inner = classname[len(module) + 1:] if classname.startswith(module + ".") else ""
+    test_id = "::".join([file, *[p for p in inner.split(".") if p], name])
+    if not any(child.tag in ("failure", "error", "skipped") for child in case):
+        passed.add(test_id)
+expected = json.load(open(expected_file))
+print(1 if expected and all(test_id in passed for test_id in expected) else 0)
+'''
+
+_SOLVE_SH = patch_solve_sh("the reverse of the injected bug, applied in the workspace.")
+
+
+def _test_source(workspace: Path, test_id: str) -> str:
+    """Source of the test function a test id names (shown in the instruction), or ''."""
+    file_rel, _, rest = test_id.partition("::")
+    parts = re.sub(r"\[.*\]$", "", rest).split("::")
+    try:
+        source = (workspace / file_rel).read_text(encoding="utf-8")
+        tree = ast.parse(source)
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return ""
+    nodes: list[ast.stmt] = tree.body
+    found: ast.stmt | None = None
+    for part in parts:
+        found = next(
+            (
+                n
+                for n in nodes
+                if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+                and n.name == part
+            ),
+            None,
+        )
+        if found is None:
+            return ""
+        nodes = getattr(found, "body", [])
+    segment = ast.get_source_segment(source, found) if found is not None else None
+    if not segment or segment.count("\n") > 40:
+        return ""
+    return segment
+
+
+def _instruction(workspace: Path, layout: ProjectLayout, result: MutantResult) -> str:
+    """What the agent is told: the failing tests, their messages and code; nothing of the fix."""
+    messages = dict(result.messages)
+    listed = result.fail_to_pass[:MAX_LISTED_FAILURES]
+    lines = [
+        f"# Fix the failing tests of `{layout.name}`\n",
+        f"The workspace holds `{layout.name}`, a Python project, and its pytest suite. "
+        "A change to the library code broke behaviour the suite checks; these tests now fail:\n",
+    ]
+    for test_id in listed:
+        message = messages.get(test_id, "").strip()
+        lines.append(f"- `{test_id}`" + (f": `{message}`" if message else ""))
+    if len(result.fail_to_pass) > len(listed):
+        lines.append(f"- and {len(result.fail_to_pass) - len(listed)} more")
+    example = next((s for s in (_test_source(workspace, t) for t in listed) if s), "")
+    if example:
+        lines += ["", "One of them:", "", "```python", example, "```"]
+    command = "python -m pytest " + " ".join(layout.test_paths)
+    lines += [
+        "",
+        "Find the cause in the library code and fix it so the whole suite passes "
+        f"({len(result.pass_to_pass)} other tests pass now and must keep passing). Run:",
+        "",
+        f"    {command}",
+        "",
+        "Change only the library source. Test files, conftest files and configuration are "
+        "restored before grading.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_synthesized_task(
+    workspace: Path, layout: ProjectLayout, result: MutantResult, task_dir: Path, task_id: str
+) -> Path:
+    """Write one kept mutant as a Harbor task directory (replacing `task_dir`)."""
+    mutation = result.mutation
+    original = (workspace / mutation.path).read_bytes()
+    mutated = mutation.apply(original)
+    patch = "".join(
+        difflib.unified_diff(
+            mutated.decode("utf-8").splitlines(keepends=True),
+            original.decode("utf-8").splitlines(keepends=True),
+            fromfile=f"a/{mutation.path}",
+            tofile=f"b/{mutation.path}",
+        )
+    )
+    # The original test files, restored over the workspace by test.sh before grading.
+    tests: dict[str, FileContent] = {
+        f"protected/{test_path}": workspace / test_path
+        for test_path in (*layout.test_paths, "conftest.py")
+        if (workspace / test_path).exists()
+    }
+    tests["reward.py"] = _REWARD_PY
+    expected = [*result.fail_to_pass, *result.pass_to_pass]
+    tests["expected_tests.json"] = json.dumps(expected, indent=0)
+    failing = len(result.fail_to_pass)
+    difficulty = "easy" if failing > 5 else "medium" if failing > 1 else "hard"
+    files = TaskFiles(
+        task_id=task_id,
+        instruction=_instruction(workspace, layout, result),
+        workspace={mutation.path: mutated},
+        workspace_base=workspace,
+        rollyard={
+            "id": task_id,
+            "version": "1",
+            "family": FAMILY,
+            "source": f"{layout.name}: AST mutation ({mutation.operator})",
+            "difficulty": difficulty,
+            "workspace_dir": DEFAULT_WORKSPACE_DIR,
+            "test_command": "python -m pytest " + " ".join(layout.test_paths),
+            "fail_to_pass": list(result.fail_to_pass),
+            "pass_to_pass": list(result.pass_to_pass),
+            "protected": list(layout.protected),
+            "limits": {
+                "wall_time_s": 300.0,
+                "cpu_time_s": 600.0,
+                "memory_mb": 2048,
+                "disk_mb": 1024,
+                "verify_timeout_s": 300.0,
+            },
+        },
+        solve_sh=_SOLVE_SH,
+        tests=tests,
+        solution={FIX_PATCH: patch},
+        test_sh=_TEST_SH.format(test_paths=" ".join(layout.test_paths)),
+        metadata={
+            "author_name": "rollyard synthesis",
+            "difficulty": difficulty,
+            "category": "debugging",
+            "tags": ["python", "bug-fix", "synthesized", mutation.operator],
+            "bugs": [mutation.describe()],
+        },
+        dockerfile=_DOCKERFILE,
+        verifier_timeout_s=300.0,
+        agent_timeout_s=900.0,
+        environment={
+            "build_timeout_sec": 600.0,
+            "cpus": 1,
+            "memory_mb": 2048,
+            "storage_mb": 1024,
+        },
+    )
+    return write_task(files, task_dir)
