@@ -7,6 +7,7 @@ with open_sandbox(task.snapshot_dir, limits=task.limits) as sandbox:
 metrics = GRPOTrainer(policy).update([trajectory, ...])
 """
 
+from rollyard.status import EpisodeStatus
 from training.actions import (
     Action,
     EditFile,
@@ -20,6 +21,7 @@ from training.actions import (
     action_to_json,
     history_messages,
 )
+from training.builtin.scorer_policy import CandidateScorerPolicy, ScorerConfig
 from training.episode import (
     EpisodeConfig,
     Verifier,
@@ -45,8 +47,7 @@ from training.grpo import (
     save_checkpoint,
 )
 from training.policy import ChatRecord, Decision, Policy, ScorerRecord, ScriptedPolicy
-from training.scorer_policy import CandidateScorerPolicy, ScorerConfig
-from training.trajectory import EpisodeKey, EpisodeStatus, Step, Trajectory
+from training.trajectory import EpisodeKey, Step, Trajectory
 
 __all__ = [
     "Action",

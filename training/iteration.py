@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from storage import CommitError, StoreError, TrajectoryStore
+from training.builtin.scorer_policy import CandidateScorerPolicy
 from training.grpo import GRPOConfig, GRPOTrainer, UpdateMetrics, load_checkpoint, save_checkpoint
-from training.scorer_policy import CandidateScorerPolicy
 from training.trajectory import Trajectory
 
 ITERATION_DONE_SOURCE = "train_flow"

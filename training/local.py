@@ -22,6 +22,7 @@ from pathlib import Path
 from sandboxes import Limits, SandboxPool
 from storage import TrajectoryStore
 from storage.gates import GateSettings, gate_iteration
+from training.builtin.scorer_policy import CandidateScorerPolicy
 from training.episode import EpisodeConfig
 from training.iteration import (
     IterationSummary,
@@ -30,7 +31,6 @@ from training.iteration import (
     task_dirs_in,
 )
 from training.rollout import plan_iteration, rollout_shard_and_commit
-from training.scorer_policy import CandidateScorerPolicy
 from training.trajectory import Trajectory
 
 

@@ -23,12 +23,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
+from rollyard.status import EpisodeStatus
 from sandboxes import ExecResult, Sandbox, SandboxError, SandboxPool, WorkspaceDiff
 from tasks_lib.model import Task
 from training.actions import History
 from training.episode import EpisodeConfig, run_episode
 from training.policy import Decision, Policy
-from training.trajectory import EpisodeKey, EpisodeStatus, Trajectory
+from training.trajectory import EpisodeKey, Trajectory
 
 FaultKind = Literal["sandbox_kill", "hang", "oom", "worker_kill"]
 FAULT_KINDS: tuple[FaultKind, ...] = ("sandbox_kill", "hang", "oom", "worker_kill")

@@ -25,9 +25,9 @@ from sandboxes import Limits, SandboxPool
 from storage import CommitResult, StoreError, TrajectoryStore
 from tasks_lib.loader import load_task
 from tasks_lib.model import Task
+from training.builtin.scorer_policy import CandidateScorerPolicy
 from training.episode import EpisodeConfig
 from training.recovery import FaultPlan, RecoveryPolicy, run_episode_with_recovery
-from training.scorer_policy import CandidateScorerPolicy
 from training.trajectory import EpisodeKey, Trajectory
 
 
