@@ -113,7 +113,7 @@ def main() -> int:
 
     from distributed import Client, LocalCluster
 
-    from flows.runtime import prefect_api
+    from flows.runtime import local_cluster_kwargs, prefect_api
     from tasks_lib.families.demo.generate import generate_demo_tasks
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="rollyard-orchestration-"))
@@ -132,9 +132,7 @@ def main() -> int:
 
     with (
         prefect_api(workdir / "prefect"),
-        LocalCluster(
-            n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None
-        ) as cluster,
+        LocalCluster(**local_cluster_kwargs(args.workers)) as cluster,
         Client(cluster) as client,
     ):
         client.run(_warm_worker)

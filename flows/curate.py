@@ -17,6 +17,7 @@ from prefect import flow, get_run_logger, task, unmapped
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from flows.errors import FlowSettingsError
 from storage import TrajectoryStore
 from storage.reviews import blocked_families, review_gate
 from tasks_lib.curate import (
@@ -168,7 +169,7 @@ def task_dirs_from(paths: Sequence[str | Path]) -> list[str]:
         elif path.is_dir() and any(path.glob("*/task.toml")):
             found += sorted(str(c.parent.absolute()) for c in path.glob("*/task.toml"))
         else:
-            raise ValueError(
+            raise FlowSettingsError(
                 f"{path}: neither a task directory (with task.toml) nor a directory of tasks"
             )
     return found

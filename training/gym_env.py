@@ -19,7 +19,7 @@ from sandboxes import Sandbox, SandboxError, open_sandbox
 from tasks_lib.model import Task
 from training.actions import Action, Submit, action_from_json, cap_text
 from training.episode import EpisodeConfig, Verifier, apply_action, verify_agent_sandbox
-from training.errors import ActionParseError, EnvLifecycleError
+from training.errors import ActionParseError, EnvLifecycleError, TrainingSettingsError
 
 TEXT_CHARSET = string.printable
 """Characters of both spaces: printable ASCII and whitespace. Other characters in command output
@@ -55,7 +55,7 @@ class RollyardEnv(gym.Env[str, str]):
         self.task = task
         self.config = config or EpisodeConfig()
         if self.config.max_steps < 2:
-            raise ValueError(
+            raise TrainingSettingsError(
                 f"EpisodeConfig.max_steps={self.config.max_steps}: a Gymnasium episode needs at "
                 "least 2 steps (1 would truncate every episode at its first action)"
             )

@@ -7,7 +7,9 @@ import json
 import sys
 from pathlib import Path
 
-from flows.cli import EXIT_USAGE, CliError, positive_float, positive_int
+from flows.cli import positive_float, positive_int
+from flows.errors import CliError
+from rollyard.errors import EXIT_USAGE
 
 EXIT_HOST_UNSUPPORTED = 3
 

@@ -1,5 +1,7 @@
-"""`rollyard tasks ...` (demo, checkout, validate, check) and `rollyard verify`: the task library
-on the command line. Each handler is one call into `tasks_lib`; output is JSON."""
+"""`rollyard tasks ...` and `rollyard verify`: the task library on the command line. Each handler
+is one call into `tasks_lib`; output is JSON. The group also holds the commands of
+`flows.commands.task_import` (synthesize, import-swebench) and `flows.commands.families`
+(generate, new, lint)."""
 
 from __future__ import annotations
 
@@ -12,10 +14,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from flows.cli import CliError, positive_int
+from flows.cli import positive_int
+from flows.errors import CliError
+from rollyard.errors import EXIT_DAMAGED, EXIT_FAILED, EXIT_UNAVAILABLE, EXIT_USAGE
 
-EXIT_INVALID = 1
-EXIT_NOT_SCORED = 3
+VERIFY_EXIT_CODES = {"task_error": EXIT_DAMAGED}
+"""`rollyard verify`'s exit code for a verdict without a score: the task is broken (4), else the
+sandbox or the verifier failed (3)."""
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -51,6 +56,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     check.add_argument("--jobs", type=positive_int, default=1, help="tasks checked at once")
     check.set_defaults(handler=check_command)
 
+    # Imported here: both import this module's helpers.
+    from flows.commands import families, task_import
+
+    task_import.register_tasks_commands(commands)
+    families.register_tasks_commands(commands)
+
     verify = subparsers.add_parser(
         "verify",
         help="score a workspace left by an agent against a task",
@@ -62,7 +73,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     verify.set_defaults(handler=verify_command)
 
 
-def _task_dirs(paths: list[Path]) -> Iterator[Path]:
+def task_dirs(paths: list[Path]) -> Iterator[Path]:
     """Task directories named on the command line; a directory of tasks stands for all of them."""
     for path in paths:
         if path.is_dir() and not (path / "task.toml").exists():
@@ -83,7 +94,7 @@ def _load(path: Path) -> Any:
     try:
         return load_task(path)
     except TaskError as error:
-        raise CliError(str(error), EXIT_INVALID) from error
+        raise CliError(str(error), EXIT_USAGE) from error
 
 
 def demo_command(args: argparse.Namespace) -> int:
@@ -132,7 +143,7 @@ def validate_command(args: argparse.Namespace) -> int:
     from tasks_lib import TaskNotFoundError, validate_task
 
     invalid = 0
-    for path in _task_dirs(args.tasks):
+    for path in task_dirs(args.tasks):
         try:
             issues = [str(issue) for issue in validate_task(path)]
         except TaskNotFoundError as error:
@@ -141,7 +152,7 @@ def validate_command(args: argparse.Namespace) -> int:
         _print(
             {"task_id": _declared_id(path), "path": str(path), "ok": not issues, "errors": issues}
         )
-    return EXIT_INVALID if invalid else 0
+    return EXIT_FAILED if invalid else 0
 
 
 def check_command(args: argparse.Namespace) -> int:
@@ -168,14 +179,14 @@ def check_command(args: argparse.Namespace) -> int:
         return summary
 
     failed = 0
-    paths = list(_task_dirs(args.tasks))
+    paths = list(task_dirs(args.tasks))
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         for summary in pool.map(one, paths):
             failed += not summary["ok"]
             _print(summary)
     if failed:
         print(f"rollyard: {failed} of {len(paths)} task(s) failed the check", file=sys.stderr)
-    return EXIT_INVALID if failed else 0
+    return EXIT_FAILED if failed else 0
 
 
 def verify_command(args: argparse.Namespace) -> int:
@@ -185,7 +196,7 @@ def verify_command(args: argparse.Namespace) -> int:
     try:
         candidate = CandidateChanges.from_directory(args.candidate, task.snapshot_dir)
     except (TaskError, OSError) as error:
-        raise CliError(str(error), EXIT_INVALID) from error
+        raise CliError(str(error), EXIT_USAGE) from error
     result = verify(task, candidate)
     out = result.to_json()
     _print(
@@ -194,4 +205,6 @@ def verify_command(args: argparse.Namespace) -> int:
             for key in ("task_id", "reward", "status", "tests", "flags", "partial_credit", "detail")
         }
     )
-    return 0 if result.scored else EXIT_NOT_SCORED
+    if result.scored:
+        return 0
+    return VERIFY_EXIT_CODES.get(result.status, EXIT_UNAVAILABLE)
