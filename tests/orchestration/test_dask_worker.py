@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from flows.dask_worker import SCRATCH_ROOT_NAME
+from flows.dask_worker import SCRATCH_ROOT_NAME, is_scratch_path
 from flows.runtime import local_cluster_kwargs
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +28,7 @@ def _worker_view(dask_worker: Any) -> dict[str, Any]:
 def _scratch_on_path(view: dict[str, Any]) -> list[str]:
     root = os.path.dirname(view["scratch"])
     assert os.path.basename(root) == SCRATCH_ROOT_NAME
-    return [p for p in view["sys_path"] if p and (p == root or p.startswith(root + os.sep))]
+    return [p for p in view["sys_path"] if is_scratch_path(p, root)]
 
 
 def _one_worker_view(tmp_path: Path, **cluster_kwargs: Any) -> dict[str, Any]:
@@ -50,6 +50,7 @@ def test_worker_scratch_space_is_off_sys_path(tmp_path: Path) -> None:
     unguarded = _one_worker_view(tmp_path / "plain", **plain)
     assert "storage" in unguarded["scratch_entries"]
     assert unguarded["sys_path"][0] == unguarded["scratch"]
+    assert unguarded["scratch"] in _scratch_on_path(unguarded)
 
     view = _one_worker_view(tmp_path / "rollyard", **local_cluster_kwargs(1))
     assert "storage" in view["scratch_entries"]  # the folder is there, and cannot be imported
