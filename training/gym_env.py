@@ -15,6 +15,7 @@ from typing import Any
 import gymnasium as gym
 from gymnasium import spaces
 
+from rollyard.status import EpisodeStatus
 from sandboxes import Sandbox, SandboxError, open_sandbox
 from tasks_lib.model import Task
 from training.actions import Action, Submit, action_from_json, cap_text
@@ -135,7 +136,7 @@ class RollyardEnv(gym.Env[str, str]):
                 SandboxError,
                 Exception,
             ) as error:  # a crash is reported, never scored 0 silently
-                info["status"] = "verifier_error"
+                info["status"] = str(EpisodeStatus.VERIFIER_ERROR)
                 info["error"] = f"{type(error).__name__}: {error}"
             else:
                 reward = float(verdict.reward or 0.0)
