@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from flows.cli import positive_int
-from flows.commands.tasks import task_dirs
+from flows.commands.task_dirs import task_dirs
 from flows.errors import CliError
 
 

@@ -9,12 +9,13 @@ import argparse
 import json
 import sys
 import tomllib
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from flows.cli import positive_int
+from flows.commands import families, task_import
+from flows.commands.task_dirs import task_dirs
 from flows.errors import CliError
 from rollyard.errors import EXIT_DAMAGED, EXIT_FAILED, EXIT_UNAVAILABLE, EXIT_USAGE
 
@@ -56,9 +57,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     check.add_argument("--jobs", type=positive_int, default=1, help="tasks checked at once")
     check.set_defaults(handler=check_command)
 
-    # Imported here: both import this module's helpers.
-    from flows.commands import families, task_import
-
     task_import.register_tasks_commands(commands)
     families.register_tasks_commands(commands)
 
@@ -71,17 +69,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     verify.add_argument("task", type=Path, metavar="TASK")
     verify.add_argument("candidate", type=Path, metavar="CANDIDATE_DIR")
     verify.set_defaults(handler=verify_command)
-
-
-def task_dirs(paths: list[Path]) -> Iterator[Path]:
-    """Task directories named on the command line; a directory of tasks stands for all of them."""
-    for path in paths:
-        if path.is_dir() and not (path / "task.toml").exists():
-            children = sorted(child.parent for child in path.glob("*/task.toml"))
-            if children:
-                yield from children
-                continue
-        yield path
 
 
 def _print(obj: dict[str, Any]) -> None:
