@@ -24,7 +24,14 @@ from pathlib import Path
 from typing import Literal
 
 from rollyard.status import EpisodeStatus
-from sandboxes import ExecResult, Sandbox, SandboxCrashedError, SandboxPool, WorkspaceDiff
+from sandboxes import (
+    ExecResult,
+    Sandbox,
+    SandboxCrashedError,
+    SandboxError,
+    SandboxPool,
+    WorkspaceDiff,
+)
 from tasks_lib.model import Task
 from training.actions import History
 from training.episode import EpisodeConfig, run_episode
@@ -129,12 +136,17 @@ class FaultySandbox(Sandbox):
         if self.fault == "sandbox_kill":
             killer = threading.Timer(0.05, self._kill_inner)
             killer.start()
+            crashed = "every process of the sandbox was SIGKILLed mid-command"
             try:
                 self.inner.execute("sleep 30", timeout_s=10)
+            except SandboxError as error:
+                # On a loaded host the kill can land before the command started, and the
+                # backend reports a failed start: the same crash.
+                raise SandboxCrashedError(crashed) from error
             finally:
                 killer.cancel()
                 killer.join()  # the kill must be over before the pool closes the sandbox
-            raise SandboxCrashedError("every process of the sandbox was SIGKILLed mid-command")
+            raise SandboxCrashedError(crashed)
         if self.fault == "hang":
             result = self.inner.execute("sleep 3600", timeout_s=min(timeout_s or 1.0, 1.0))
             raise SandboxCrashedError(
