@@ -15,7 +15,8 @@ setup: $(STAMP)
 demo: setup
 	$(VENV)/bin/rollyard demo
 
-# The static checks first (seconds): lint, formatting and strict types are part of passing.
+# The static checks first (seconds): lint, formatting, strict types and the import layering are
+# part of passing.
 test: lint
 	$(PY) -m pytest -q -m "not slow and not docker"
 
@@ -23,7 +24,8 @@ test-slow: setup
 	$(PY) -m pytest -q -m "slow"
 
 lint: setup
-	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy \
+		&& $(VENV)/bin/lint-imports
 
 bench: setup
 	$(PY) benchmarks/sandbox_startup.py

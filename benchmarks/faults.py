@@ -113,7 +113,7 @@ def main() -> int:
     import dask
     from distributed import LocalCluster
 
-    from flows.runtime import prefect_api
+    from flows.runtime import local_cluster_kwargs, prefect_api
     from flows.train import WORKER_DEATHS_PER_SHARD
     from tasks_lib.sources.families.demo.generate import generate_demo_tasks
 
@@ -132,9 +132,7 @@ def main() -> int:
     dask.config.set({"distributed.scheduler.allowed-failures": WORKER_DEATHS_PER_SHARD})
     with (
         prefect_api(workdir / "prefect") as api_url,
-        LocalCluster(
-            n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None
-        ) as cluster,
+        LocalCluster(**local_cluster_kwargs(args.workers)) as cluster,
     ):
         env = {**os.environ, "PREFECT_API_URL": api_url}
         while True:

@@ -45,10 +45,10 @@ def bare_loop(
 ) -> float:
     """Episodes/s of a plain process pool over the same shards, with the same GRPO update
     between iterations (so both sides run the same episodes), no Prefect, Dask or gate."""
+    from training.builtin.scorer_policy import CandidateScorerPolicy
     from training.episode import EpisodeConfig
     from training.grpo import GRPOConfig, GRPOTrainer
     from training.rollout import plan_iteration
-    from training.scorer_policy import CandidateScorerPolicy
 
     trainer = GRPOTrainer(CandidateScorerPolicy(seed=0), GRPOConfig(seed=0))
     with concurrent.futures.ProcessPoolExecutor(workers) as pool:
@@ -113,7 +113,7 @@ def main() -> int:
 
     from distributed import Client, LocalCluster
 
-    from flows.runtime import prefect_api
+    from flows.runtime import local_cluster_kwargs, prefect_api
     from tasks_lib import generate_demo_tasks
     from tasks_lib.format import tasks_in
 
@@ -133,9 +133,7 @@ def main() -> int:
 
     with (
         prefect_api(workdir / "prefect"),
-        LocalCluster(
-            n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None
-        ) as cluster,
+        LocalCluster(**local_cluster_kwargs(args.workers)) as cluster,
         Client(cluster) as client,
     ):
         client.run(_warm_worker)

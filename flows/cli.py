@@ -1,16 +1,26 @@
 """The `rollyard` command line. Each command group lives in `flows/commands/<name>.py` and
 exposes `register(subparsers)`; heavy imports (Prefect, torch, GX) happen inside the handlers so
-`rollyard sandbox run` starts in milliseconds."""
+`rollyard sandbox run` starts in milliseconds. Any `RollyardError` that reaches `main` is printed
+as one line and exits with its class's code (`rollyard.errors.EXIT_CODE_MEANINGS`)."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-# One line per command module; each adds its sub-commands to the parser.
+from rollyard.errors import (
+    EXIT_CODE_MEANINGS,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    RollyardError,
+    exit_code_for,
+)
+
+# One line per command module; each adds its command group to the parser.
 COMMAND_MODULES = (
     "flows.commands.tasks",
     "flows.commands.sandbox",
@@ -18,14 +28,11 @@ COMMAND_MODULES = (
     "flows.commands.audit",
     "flows.commands.query",
     "flows.commands.store",
-    "flows.commands.task_import",
     "flows.commands.curate",
     "flows.commands.serve",
     "flows.commands.report",
-    "flows.commands.domains",
+    "flows.commands.review",
 )
-
-EXIT_USAGE = 2
 
 
 def _int_at_least(minimum: int) -> Callable[[str], int]:
@@ -58,15 +65,6 @@ def positive_float(text: str) -> float:
     return value
 
 
-class CliError(Exception):
-    """A one-line error for the user; the CLI prints it and exits with `exit_code`."""
-
-    def __init__(self, message: str, exit_code: int = 1) -> None:
-        super().__init__(message, exit_code)
-        self.message = message
-        self.exit_code = exit_code
-
-
 class _OneLineErrorParser(argparse.ArgumentParser):
     """Usage errors as one line (what is wrong, where to look) and exit code 2."""
 
@@ -74,10 +72,21 @@ class _OneLineErrorParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
+def exit_codes_epilog() -> str:
+    """The exit-code table as `--help` prints it."""
+    rows = [
+        textwrap.fill(meaning, 88, initial_indent=f"  {code:>3}  ", subsequent_indent=" " * 7)
+        for code, meaning in EXIT_CODE_MEANINGS
+    ]
+    return "exit codes:\n" + "\n".join(rows)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineErrorParser(
         prog="rollyard",
         description="Agent RL on executable tasks: sandboxes, tasks, training, store, gates.",
+        epilog=exit_codes_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module_name in COMMAND_MODULES:
@@ -85,22 +94,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def one_line(error: BaseException) -> str:
+    """An error's message on one line (a multi-line message's lines joined with `; `)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return "; ".join(lines) or type(error).__name__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         code = args.handler(args)
-    except CliError as error:
-        print(f"rollyard: error: {error.message}", file=sys.stderr)
-        return error.exit_code
+    except RollyardError as error:
+        print(f"rollyard: error: {one_line(error)}", file=sys.stderr)
+        return exit_code_for(error)
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     return int(code or 0)
 
 
 if __name__ == "__main__":
-    # Run the imported module's main: under `python -m flows.cli` this file is also loaded as
-    # `__main__`, and commands raise `flows.cli.CliError`, not `__main__.CliError`.
-    from flows.cli import main as imported_main
-
-    sys.exit(imported_main())
+    sys.exit(main())

@@ -16,6 +16,7 @@ from prefect import flow, get_run_logger
 from prefect.deployments.runner import RunnerDeployment
 
 from flows.curate import CurateParams, curate, task_dirs_from
+from flows.errors import FlowSettingsError
 from flows.evaluate import EvaluateParams, evaluate
 from flows.runtime import dask_task_runner
 from flows.train import TrainSettings, train
@@ -53,7 +54,9 @@ class ServeSettings:
 
     def __post_init__(self) -> None:
         if self.evaluate_interval_s <= 0:
-            raise ValueError(f"evaluate_interval_s must be > 0, got {self.evaluate_interval_s}")
+            raise FlowSettingsError(
+                f"evaluate_interval_s must be > 0, got {self.evaluate_interval_s}"
+            )
 
 
 @flow(name="curate-library", log_prints=False)

@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from flows.errors import PrefectServerError
+
 QUIET_ENV = {
     "DO_NOT_TRACK": "1",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -30,11 +32,6 @@ QUIET_ENV = {
     "PREFECT_LOGGING_LOGGERS_DISTRIBUTED_LEVEL": "WARNING",
 }
 SERVER_START_TIMEOUT_S = 120.0
-
-
-class PrefectServerError(RuntimeError):
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
 
 
 def quiet_environment() -> None:
@@ -112,14 +109,24 @@ class LocalPrefectServer:
             if _healthy(self.api_url):
                 return self.api_url
             if self._process.poll() is not None:
-                tail = (self.home / "server.log").read_text(errors="replace")[-2000:]
-                raise PrefectServerError(f"prefect server exited during start-up:\n{tail}")
+                raise PrefectServerError(
+                    f"prefect server exited during start-up ({self._last_log_line()}); "
+                    f"see {self.home / 'server.log'}"
+                )
             time.sleep(0.25)
         self.stop()
         raise PrefectServerError(
             f"prefect server did not answer on {self.api_url} within {SERVER_START_TIMEOUT_S} s; "
             f"see {self.home / 'server.log'}"
         )
+
+    def _last_log_line(self) -> str:
+        """The server log's last non-empty line: the one-line error keeps the cause in view."""
+        try:
+            lines = (self.home / "server.log").read_text(errors="replace").splitlines()
+        except OSError as error:
+            return f"no log: {error}"
+        return next((line.strip() for line in reversed(lines) if line.strip()), "empty log")
 
     def stop(self) -> None:
         process, self._process = self._process, None
@@ -189,18 +196,27 @@ def drain_prefect_clients(timeout_s: float = 10.0) -> None:
         EventsWorker.drain_all(timeout=timeout_s)
 
 
+WORKER_PRELOAD = "flows.dask_worker"
+"""The module every rollyard Dask worker preloads (it takes the scratch directory off sys.path)."""
+
+
+def local_cluster_kwargs(workers: int, *, threads_per_worker: int = 1) -> dict[str, Any]:
+    """Arguments of every LocalCluster rollyard starts: `workers` processes that preload
+    `WORKER_PRELOAD`, no dashboard. One thread per worker by default: an episode holds a core."""
+    return {
+        "n_workers": workers,
+        "threads_per_worker": threads_per_worker,
+        "processes": True,
+        "dashboard_address": None,
+        "preload": [WORKER_PRELOAD],
+    }
+
+
 def dask_task_runner(workers: int, dask_address: str | None) -> Any:
     """The Dask task runner of every flow: a running scheduler when `dask_address` is given,
-    else a LocalCluster of `workers` single-threaded processes (an episode holds one core)."""
+    else a LocalCluster of `workers` single-threaded processes (`local_cluster_kwargs`)."""
     from prefect_dask.task_runners import DaskTaskRunner
 
     if dask_address:
         return DaskTaskRunner(address=dask_address)
-    return DaskTaskRunner(
-        cluster_kwargs={
-            "n_workers": workers,
-            "threads_per_worker": 1,
-            "processes": True,
-            "dashboard_address": None,
-        }
-    )
+    return DaskTaskRunner(cluster_kwargs=local_cluster_kwargs(workers))

@@ -24,6 +24,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import wait as wait_for_futures
 
 from flows.artifacts import publish_iteration_artifacts
+from flows.errors import FlowSettingsError, GateStoppedRun, NoWorkersError
 from storage import TrajectoryStore
 from storage.gates import GateReport, GateSettings
 from storage.gates import gate_iteration as run_gate
@@ -92,21 +93,21 @@ class TrainSettings:
 
     def __post_init__(self) -> None:
         if self.mode not in ("sync", "async"):
-            raise ValueError(f"mode must be 'sync' or 'async', got {self.mode!r}")
+            raise FlowSettingsError(f"mode must be 'sync' or 'async', got {self.mode!r}")
         if self.max_policy_lag < 1:
-            raise ValueError(f"max_policy_lag must be >= 1, got {self.max_policy_lag}")
+            raise FlowSettingsError(f"max_policy_lag must be >= 1, got {self.max_policy_lag}")
         if self.iterations < 1:
-            raise ValueError(f"iterations must be >= 1, got {self.iterations}")
+            raise FlowSettingsError(f"iterations must be >= 1, got {self.iterations}")
         if not self.no_worker_timeout_s > 0:
-            raise ValueError(
+            raise FlowSettingsError(
                 f"no_worker_timeout_s must be positive, got {self.no_worker_timeout_s}"
             )
         if self.schedule not in ("longest_first", "round_robin"):
-            raise ValueError(
+            raise FlowSettingsError(
                 f"schedule must be 'longest_first' or 'round_robin', got {self.schedule!r}"
             )
         if self.gate_on_failure not in ("continue", "stop"):
-            raise ValueError(
+            raise FlowSettingsError(
                 f"gate_on_failure must be 'continue' or 'stop', got {self.gate_on_failure!r}"
             )
 
@@ -137,10 +138,6 @@ def _report(event: str, **values: Any) -> None:
 @task(name="rollout_shard", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
 def rollout_shard(request: ShardRequest, store_root: str) -> ShardOutcome:
     return rollout_shard_and_commit(request, store_root)
-
-
-class NoWorkersError(RuntimeError):
-    """The Dask cluster had no worker for longer than the settings allow, with shards queued."""
 
 
 # How often the flow looks at the cluster while it waits for shards.
@@ -198,13 +195,6 @@ def completed_while_workers_remain(
         else:
             idle_since = None
         yield from finished
-
-
-class GateStoppedRun(RuntimeError):
-    """A quality gate failed and the settings say to stop training."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
 
 
 @task(name="gate_iteration", cache_policy=NO_CACHE)

@@ -24,7 +24,6 @@ fi
 "$venv/bin/python" -m pip install -q --upgrade pip
 # torch first and exactly pinned: any looser request downloads a multi-GB CUDA build
 "$venv/bin/python" -m pip install -q "torch==2.13.0"
-# compat editable mode puts the project root on sys.path. The default mode resolves packages
-# through an import hook that runs after the path scan, so a `storage/` directory elsewhere on
-# the path (a Dask worker's scratch dir has one) would shadow the `storage` package.
-"$venv/bin/python" -m pip install -q -e ".[dev]" --config-settings editable_mode=compat
+# The default editable mode: rollyard's Dask workers take their scratch directory (which holds a
+# `storage/` folder) off sys.path (flows/dask_worker.py), so nothing shadows the packages.
+"$venv/bin/python" -m pip install -q -e ".[dev]"

@@ -5,16 +5,8 @@ Each package keeps its own tree in its own `errors` module (`SandboxError`, `Tas
 level it cares about. Every argument goes to `super().__init__` so an error pickles across Dask
 and Prefect processes unchanged.
 
-Exit codes of the `rollyard` command (documented in `--help` and the README):
-
-| code | meaning |
-|---|---|
-| 0 | success |
-| 1 | the command ran and failed (a gate stopped a run, a check found problems) |
-| 2 | bad input: a malformed argument, spec, task or settings file |
-| 3 | something rollyard needs is missing or unreachable (a store, a server, a sandbox backend) |
-| 4 | the store or a task is damaged or in a state the command refuses |
-| 130 | interrupted (Ctrl-C) |
+Exit codes of the `rollyard` command: `EXIT_CODE_MEANINGS`, which `rollyard --help` and the
+README's CLI reference print.
 """
 
 from __future__ import annotations
@@ -25,6 +17,28 @@ EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
 EXIT_DAMAGED = 4
 EXIT_INTERRUPTED = 130
+
+EXIT_CODE_MEANINGS: tuple[tuple[int, str], ...] = (
+    (EXIT_OK, "success"),
+    (
+        EXIT_FAILED,
+        "the command ran and failed: a gate stopped a run, a check or lint found problems, "
+        "nothing could be imported",
+    ),
+    (EXIT_USAGE, "bad input: a malformed argument, spec, task, candidate or settings file"),
+    (
+        EXIT_UNAVAILABLE,
+        "something rollyard needs is missing or unreachable: a store, a Prefect server, Dask "
+        "workers, a sandbox backend; or the verifier could not score (infra or verifier error)",
+    ),
+    (
+        EXIT_DAMAGED,
+        "the store or a task is damaged or in a state the command refuses: a task the verifier "
+        "judged broken, import rows that failed, a checkpoint that does not fit",
+    ),
+    (EXIT_INTERRUPTED, "interrupted (Ctrl-C)"),
+)
+"""Every exit code of the `rollyard` command and what it means, in order."""
 
 
 class RollyardError(Exception):

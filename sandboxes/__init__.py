@@ -15,10 +15,12 @@ from sandboxes.base import WORKSPACE_MOUNT, ExecResult, Limits, Sandbox, Workspa
 from sandboxes.errors import (
     InvalidLimitsError,
     SandboxClosedError,
+    SandboxCrashedError,
     SandboxError,
     SandboxSetupError,
     SandboxUnavailableError,
     SnapshotError,
+    UnknownBackendError,
     WorkspacePathError,
 )
 from sandboxes.pool import SandboxPool
@@ -39,7 +41,9 @@ def open_sandbox(
         from sandboxes.docker import DockerSandbox
 
         return DockerSandbox(Path(snapshot), limits=limits)
-    raise ValueError(f"unknown sandbox backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    raise UnknownBackendError(
+        f"unknown sandbox backend {backend!r}; choose one of {', '.join(BACKENDS)}"
+    )
 
 
 __all__ = [
@@ -50,11 +54,13 @@ __all__ = [
     "Limits",
     "Sandbox",
     "SandboxClosedError",
+    "SandboxCrashedError",
     "SandboxError",
     "SandboxPool",
     "SandboxSetupError",
     "SandboxUnavailableError",
     "SnapshotError",
+    "UnknownBackendError",
     "WorkspaceDiff",
     "WorkspacePathError",
     "open_sandbox",

@@ -1,4 +1,12 @@
-"""Policies, the episode runner, the GRPO trainer, a Gymnasium environment and batch export.
+"""The RL loop and its policies: policy ─► episode ─► trajectory ─► GRPO update.
+
+The loop: `actions` (what an agent does and sees) · `policy` (the interface) · `episode` (one
+episode in a sandbox, then the verifier) · `trajectory` · `recovery` (retries of infra failures,
+fault injection) · `rollout` (shards of episodes on workers) · `iteration` (commit, gate, update,
+checkpoint) · `local` (the iteration in one process) · `grpo` · `evaluation` · `audit` ·
+`gym_env` · `export`. Its policies: `builtin/` (the CPU policy: a small network scoring the
+candidates its proposers offer) and `chat_policy` (an OpenAI-compatible server). Statuses and
+the error root come from `rollyard`.
 
 from training import CandidateScorerPolicy, EpisodeKey, GRPOTrainer, run_episode
 policy = CandidateScorerPolicy()
@@ -7,6 +15,7 @@ with open_sandbox(task.snapshot_dir, limits=task.limits) as sandbox:
 metrics = GRPOTrainer(policy).update([trajectory, ...])
 """
 
+from rollyard.status import EpisodeStatus
 from training.actions import (
     Action,
     EditFile,
@@ -20,6 +29,7 @@ from training.actions import (
     action_to_json,
     history_messages,
 )
+from training.builtin.scorer_policy import CandidateScorerPolicy, ScorerConfig
 from training.episode import (
     EpisodeConfig,
     Verifier,
@@ -45,8 +55,7 @@ from training.grpo import (
     save_checkpoint,
 )
 from training.policy import ChatRecord, Decision, Policy, ScorerRecord, ScriptedPolicy
-from training.scorer_policy import CandidateScorerPolicy, ScorerConfig
-from training.trajectory import EpisodeKey, EpisodeStatus, Step, Trajectory
+from training.trajectory import EpisodeKey, Step, Trajectory
 
 __all__ = [
     "Action",

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rollyard.status import EpisodeStatus
 from sandboxes import SandboxPool
 from storage import GateResult, StoreError, TrajectoryStore
 from tasks_lib.format.finder import tasks_in
@@ -54,7 +55,7 @@ class AuditFinding:
 
     @property
     def verdict(self) -> str:
-        if self.replay_status != "ok":
+        if self.replay_status != EpisodeStatus.OK:
             return "error"
         if self.replayed_reward != self.stored_reward:
             return "not_reproduced"

@@ -4,7 +4,7 @@
 submits or a budget ends the episode (max steps, per-step and per-episode wall clock), records
 every step, and hands the workspace to the verifier — which never trusts the agent's sandbox: it
 rebuilds the candidate from the sandbox's diff in a fresh one. Every way an episode can end has
-a status (`training.trajectory.EpisodeStatus`); nothing raises out of it but programming errors,
+a status (`rollyard.status.EpisodeStatus`); nothing raises out of it but programming errors,
 so one broken episode cannot take down a batch of hundreds on a Dask worker.
 """
 
@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
+from rollyard.status import INFRASTRUCTURE_STATUSES, TRAINABLE_STATUSES, EpisodeStatus
 from sandboxes import ExecResult, Sandbox, SandboxError, WorkspacePathError
 from tasks_lib.format.model import Task
 from training.actions import (
@@ -32,7 +33,7 @@ from training.actions import (
     failing_test_count,
 )
 from training.policy import Policy
-from training.trajectory import EpisodeKey, EpisodeStatus, Step, Trajectory
+from training.trajectory import EpisodeKey, Step, Trajectory
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -52,13 +53,39 @@ class EpisodeConfig:
     """Base seed; each episode's sampling seed mixes it with the episode id."""
 
 
-class Verdict(Protocol):
-    """What the runner reads from a verifier's result (`tasks_lib`'s `VerificationResult`)."""
+class VerdictFlag(Protocol):
+    """A reward-hack or guard finding of the verifier: which rule, on which path."""
 
+    @property
+    def rule(self) -> str: ...
+    @property
+    def path(self) -> str: ...
+
+
+class Verdict(Protocol):
+    """What the runner reads from a verifier's result; `tasks_lib`'s `VerifyResult` is one.
+
+    `status` is `ok` (or another status the verifier scored, such as `timeout`) with a `reward`,
+    or an infrastructure status of `rollyard.status` (`infra_error`, `verifier_error`,
+    `task_error`) with no reward."""
+
+    @property
+    def status(self) -> str: ...
     @property
     def reward(self) -> float | None: ...
     @property
-    def status(self) -> str: ...
+    def partial_credit(self) -> float | None: ...
+    @property
+    def tests(self) -> Mapping[str, str]:
+        """Expected test id -> outcome (`passed`, `failed`, ...)."""
+        ...
+
+    @property
+    def flags(self) -> Sequence[VerdictFlag]: ...
+    @property
+    def detail(self) -> str:
+        """One line on what happened; the error for a status without a reward."""
+        ...
 
 
 Verifier = Callable[[Task, Sandbox], Verdict]
@@ -73,12 +100,47 @@ def verify_agent_sandbox(task: Task, sandbox: Sandbox) -> Verdict:
     return verify(task, CandidateChanges.from_sandbox(sandbox))
 
 
-_VERDICT_STATUSES = {
-    "infra_error": EpisodeStatus.INFRA_ERROR,
-    "verifier_error": EpisodeStatus.VERIFIER_ERROR,
-    "error": EpisodeStatus.VERIFIER_ERROR,
-    "task_error": EpisodeStatus.TASK_ERROR,
-}
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Scored:
+    """What a verdict adds to the trajectory."""
+
+    status: EpisodeStatus
+    error: str | None
+    reward: float | None = None
+    partial_credit: float | None = None
+    passed: bool | None = None
+    fixed_fraction: float | None = None
+    flags: tuple[str, ...] = ()
+
+
+def _read_verdict(
+    task: Task, verdict: Verdict, status: EpisodeStatus, error: str | None
+) -> _Scored:
+    """The trajectory's fields from a verdict on an episode that ended with `status` (`ok` or
+    `timeout`): an infrastructure status carries no reward, and a scored status without a reward
+    is the verifier's failure, never a reward of 0."""
+    if verdict.status in INFRASTRUCTURE_STATUSES:
+        detail = verdict.detail or "no detail"
+        return _Scored(EpisodeStatus(verdict.status), f"verifier status {verdict.status}: {detail}")
+    if verdict.reward is None:
+        return _Scored(
+            EpisodeStatus.VERIFIER_ERROR,
+            f"the verifier scored status {verdict.status!r} without a reward: {verdict.detail}",
+        )
+    reward = float(verdict.reward)
+    fixed_fraction = None
+    if task.fail_to_pass:
+        fixed = sum(1 for test in task.fail_to_pass if verdict.tests.get(test) == "passed")
+        fixed_fraction = fixed / len(task.fail_to_pass)
+    return _Scored(
+        status,
+        error,
+        reward=reward,
+        partial_credit=verdict.partial_credit,
+        passed=reward >= 1.0,
+        fixed_fraction=fixed_fraction,
+        flags=tuple(f"{flag.rule}:{flag.path}" for flag in verdict.flags),
+    )
 
 
 def _describe(error: BaseException) -> str:
@@ -265,32 +327,16 @@ def run_episode(
         else:
             truncated = True
 
-    if status in (EpisodeStatus.OK, EpisodeStatus.TIMEOUT):
+    if status in TRAINABLE_STATUSES:
         verify_start = time.monotonic()
         try:
             verdict = verifier(task, sandbox)
+            scored = _read_verdict(task, verdict, status, error)
         except Exception as failure:  # a verifier crash is a status, never a reward of 0
-            status, error = EpisodeStatus.VERIFIER_ERROR, _describe(failure)
-        else:
-            mapped = _VERDICT_STATUSES.get(str(verdict.status))
-            if mapped is not None:
-                status = mapped
-                detail = getattr(verdict, "detail", None) or getattr(verdict, "error", None)
-                error = f"verifier status {verdict.status}: {detail or 'no detail'}"
-            else:
-                reward = float(verdict.reward or 0.0)
-                partial = getattr(verdict, "partial_credit", None)
-                partial_credit = float(partial) if partial is not None else None
-                passed_value = getattr(verdict, "passed", None)
-                passed = bool(passed_value) if passed_value is not None else reward >= 1.0
-                outcomes = getattr(verdict, "tests", None)
-                if isinstance(outcomes, Mapping) and task.fail_to_pass:
-                    fixed = sum(1 for test in task.fail_to_pass if outcomes.get(test) == "passed")
-                    fixed_fraction = fixed / len(task.fail_to_pass)
-                flags = tuple(
-                    f"{getattr(flag, 'rule', flag)}:{getattr(flag, 'path', '')}"
-                    for flag in getattr(verdict, "flags", ()) or ()
-                )
+            scored = _Scored(EpisodeStatus.VERIFIER_ERROR, _describe(failure))
+        status, error = scored.status, scored.error
+        reward, partial_credit, passed = scored.reward, scored.partial_credit, scored.passed
+        fixed_fraction, flags = scored.fixed_fraction, scored.flags
         verify_s = time.monotonic() - verify_start
 
     return Trajectory(

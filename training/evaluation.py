@@ -19,6 +19,7 @@ from sandboxes import Limits, SandboxPool
 from storage import CheckpointInfo, StoreError, TrajectoryStore
 from tasks_lib.format.loader import load_task
 from training.episode import EpisodeConfig
+from training.errors import TrainingSettingsError
 from training.grpo import load_checkpoint
 from training.recovery import RecoveryPolicy, run_episode_with_recovery
 from training.trajectory import EpisodeKey, Trajectory
@@ -75,7 +76,7 @@ def checkpoints_to_evaluate(
     """The newest `latest` checkpoints of each run (or of `run_id`) not evaluated yet, oldest
     first."""
     if latest < 1:
-        raise ValueError(f"latest must be >= 1, got {latest}")
+        raise TrainingSettingsError(f"latest must be >= 1, got {latest}")
     by_run: dict[str, list[CheckpointInfo]] = {}
     for checkpoint in store.checkpoints.recorded(run_id):
         by_run.setdefault(checkpoint.run_id, []).append(checkpoint)
@@ -100,9 +101,11 @@ def evaluate_checkpoint(
     """Run `samples_per_task` episodes of the checkpoint's policy on each task and record the
     summary under (run, checkpoint iteration, source `evaluation`)."""
     if not task_dirs:
-        raise ValueError("no held-out tasks to evaluate on: give at least one task directory")
+        raise TrainingSettingsError(
+            "no held-out tasks to evaluate on: give at least one task directory"
+        )
     if samples_per_task < 1:
-        raise ValueError(f"samples_per_task must be >= 1, got {samples_per_task}")
+        raise TrainingSettingsError(f"samples_per_task must be >= 1, got {samples_per_task}")
     started = time.monotonic()
     policy = load_checkpoint(store, checkpoint.run_id, checkpoint.policy_version, seed=seed).policy
     config = EpisodeConfig(max_steps=max_steps, seed=seed)

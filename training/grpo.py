@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from training.actions import TryEdit, trial_kept
+from training.builtin.scorer_policy import CandidateScorerPolicy
 from training.errors import TrainerError
 from training.policy import ScorerRecord
-from training.scorer_policy import CandidateScorerPolicy
 from training.trajectory import Trajectory
 
 if TYPE_CHECKING:

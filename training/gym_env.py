@@ -15,11 +15,12 @@ from typing import Any
 import gymnasium as gym
 from gymnasium import spaces
 
+from rollyard.status import EpisodeStatus
 from sandboxes import Sandbox, SandboxError, open_sandbox
 from tasks_lib.format.model import Task
 from training.actions import Action, Submit, action_from_json, cap_text
 from training.episode import EpisodeConfig, Verifier, apply_action, verify_agent_sandbox
-from training.errors import ActionParseError, EnvLifecycleError
+from training.errors import ActionParseError, EnvLifecycleError, TrainingSettingsError
 
 TEXT_CHARSET = string.printable
 """Characters of both spaces: printable ASCII and whitespace. Other characters in command output
@@ -55,7 +56,7 @@ class RollyardEnv(gym.Env[str, str]):
         self.task = task
         self.config = config or EpisodeConfig()
         if self.config.max_steps < 2:
-            raise ValueError(
+            raise TrainingSettingsError(
                 f"EpisodeConfig.max_steps={self.config.max_steps}: a Gymnasium episode needs at "
                 "least 2 steps (1 would truncate every episode at its first action)"
             )
@@ -135,7 +136,7 @@ class RollyardEnv(gym.Env[str, str]):
                 SandboxError,
                 Exception,
             ) as error:  # a crash is reported, never scored 0 silently
-                info["status"] = "verifier_error"
+                info["status"] = str(EpisodeStatus.VERIFIER_ERROR)
                 info["error"] = f"{type(error).__name__}: {error}"
             else:
                 reward = float(verdict.reward or 0.0)

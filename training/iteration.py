@@ -16,8 +16,9 @@ from pathlib import Path
 
 from storage import CommitError, StoreError, TrajectoryStore
 from tasks_lib.format.finder import tasks_in
+from training.builtin.scorer_policy import CandidateScorerPolicy
+from training.errors import TrainingSettingsError
 from training.grpo import GRPOConfig, GRPOTrainer, UpdateMetrics, load_checkpoint, save_checkpoint
-from training.scorer_policy import CandidateScorerPolicy
 from training.trajectory import Trajectory
 
 ITERATION_DONE_SOURCE = "train_flow"
@@ -48,7 +49,7 @@ def task_dirs_in(tasks_dir: str | Path) -> list[Path]:
     root = Path(tasks_dir)
     dirs = tasks_in(root)
     if not dirs:
-        raise ValueError(
+        raise TrainingSettingsError(
             f"no task directories (with a task.toml) in {root}; generate some first "
             "(rollyard tasks demo --out DIR)"
         )
@@ -72,7 +73,7 @@ def restore_trainer(
     """The trainer to continue with and the first iteration still to run."""
     done = completed_iterations(store, run_id)
     if done and not resume:
-        raise ValueError(
+        raise TrainingSettingsError(
             f"run {run_id!r} already has {len(done)} completed iteration(s) in {store.root}; "
             "resume it (`--resume`, or `resume=True` from Python) or choose another run id"
         )

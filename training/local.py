@@ -22,7 +22,9 @@ from pathlib import Path
 from sandboxes import Limits, SandboxPool
 from storage import TrajectoryStore
 from storage.gates import GateSettings, gate_iteration
+from training.builtin.scorer_policy import CandidateScorerPolicy
 from training.episode import EpisodeConfig
+from training.errors import TrainingSettingsError
 from training.iteration import (
     IterationSummary,
     finish_iteration,
@@ -30,7 +32,6 @@ from training.iteration import (
     task_dirs_in,
 )
 from training.rollout import plan_iteration, rollout_shard_and_commit
-from training.scorer_policy import CandidateScorerPolicy
 from training.trajectory import Trajectory
 
 
@@ -92,7 +93,7 @@ def train_locally(
     iteration is recorded and skipped by the trainer, as in the flow. `on_iteration` is called
     after each iteration (progress in a notebook)."""
     if iterations < 1:
-        raise ValueError(f"iterations must be >= 1, got {iterations}")
+        raise TrainingSettingsError(f"iterations must be >= 1, got {iterations}")
     store = store if isinstance(store, TrajectoryStore) else TrajectoryStore(store)
     task_dirs = task_dirs_in(tasks_dir)
     trainer, first = restore_trainer(store, run_id, seed=seed, resume=resume)

@@ -23,20 +23,24 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
-from sandboxes import ExecResult, Sandbox, SandboxError, SandboxPool, WorkspaceDiff
+from rollyard.status import EpisodeStatus
+from sandboxes import (
+    ExecResult,
+    Sandbox,
+    SandboxCrashedError,
+    SandboxError,
+    SandboxPool,
+    WorkspaceDiff,
+)
 from tasks_lib.format.model import Task
 from training.actions import History
 from training.episode import EpisodeConfig, run_episode
+from training.errors import TrainingSettingsError
 from training.policy import Decision, Policy
-from training.trajectory import EpisodeKey, EpisodeStatus, Trajectory
+from training.trajectory import EpisodeKey, Trajectory
 
 FaultKind = Literal["sandbox_kill", "hang", "oom", "worker_kill"]
 FAULT_KINDS: tuple[FaultKind, ...] = ("sandbox_kill", "hang", "oom", "worker_kill")
-
-
-class SandboxCrashedError(SandboxError):
-    """The sandbox's processes died from outside the command (killed, OOM-killed by the host,
-    hung past recovery): an infra failure of this attempt."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -49,9 +53,9 @@ class RecoveryPolicy:
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+            raise TrainingSettingsError(f"max_attempts must be >= 1, got {self.max_attempts}")
         if self.mode not in ("replay", "restart"):
-            raise ValueError(f"mode must be 'replay' or 'restart', got {self.mode!r}")
+            raise TrainingSettingsError(f"mode must be 'replay' or 'restart', got {self.mode!r}")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -72,9 +76,11 @@ class FaultPlan:
         for kind in FAULT_KINDS:
             rate = getattr(self, kind)
             if not 0.0 <= rate <= 1.0:
-                raise ValueError(f"fault rate {kind} must be within [0, 1], got {rate}")
+                raise TrainingSettingsError(f"fault rate {kind} must be within [0, 1], got {rate}")
         if self.worker_kill and not self.marker_dir:
-            raise ValueError("worker_kill faults need marker_dir (a directory all workers see)")
+            raise TrainingSettingsError(
+                "worker_kill faults need marker_dir (a directory all workers see)"
+            )
 
     @property
     def total_rate(self) -> float:
@@ -130,12 +136,17 @@ class FaultySandbox(Sandbox):
         if self.fault == "sandbox_kill":
             killer = threading.Timer(0.05, self._kill_inner)
             killer.start()
+            crashed = "every process of the sandbox was SIGKILLed mid-command"
             try:
                 self.inner.execute("sleep 30", timeout_s=10)
+            except SandboxError as error:
+                # On a loaded host the kill can land before the command started, and the
+                # backend reports a failed start: the same crash.
+                raise SandboxCrashedError(crashed) from error
             finally:
                 killer.cancel()
                 killer.join()  # the kill must be over before the pool closes the sandbox
-            raise SandboxCrashedError("every process of the sandbox was SIGKILLed mid-command")
+            raise SandboxCrashedError(crashed)
         if self.fault == "hang":
             result = self.inner.execute("sleep 3600", timeout_s=min(timeout_s or 1.0, 1.0))
             raise SandboxCrashedError(

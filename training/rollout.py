@@ -25,9 +25,10 @@ from sandboxes import Limits, SandboxPool
 from storage import CommitResult, StoreError, TrajectoryStore
 from tasks_lib.format.loader import load_task
 from tasks_lib.format.model import Task
+from training.builtin.scorer_policy import CandidateScorerPolicy
 from training.episode import EpisodeConfig
+from training.errors import TrainerError, TrainingSettingsError
 from training.recovery import FaultPlan, RecoveryPolicy, run_episode_with_recovery
-from training.scorer_policy import CandidateScorerPolicy
 from training.trajectory import EpisodeKey, Trajectory
 
 
@@ -72,7 +73,9 @@ def sample_task_dirs(
 ) -> list[Path]:
     """`count` distinct tasks for `iteration`, the same for the same (seed, iteration)."""
     if not task_dirs:
-        raise ValueError("no tasks to sample from: give a directory holding task directories")
+        raise TrainingSettingsError(
+            "no tasks to sample from: give a directory holding task directories"
+        )
     ordered = sorted(Path(d) for d in task_dirs)
     rng = random.Random(f"{seed}/{iteration}")
     if count >= len(ordered):
@@ -108,9 +111,11 @@ def plan_iteration(
     first onto the least-loaded shard and shards are returned heaviest first, so long tasks start
     early and no straggler holds the batch at the end (LPT scheduling)."""
     if group_size < 1 or tasks_per_iteration < 1 or shard_count < 1:
-        raise ValueError("group_size, tasks_per_iteration and shard_count must be >= 1")
+        raise TrainingSettingsError("group_size, tasks_per_iteration and shard_count must be >= 1")
     if schedule not in ("round_robin", "longest_first"):
-        raise ValueError(f"schedule must be round_robin or longest_first, got {schedule!r}")
+        raise TrainingSettingsError(
+            f"schedule must be round_robin or longest_first, got {schedule!r}"
+        )
     chosen = sample_task_dirs(task_dirs, count=tasks_per_iteration, iteration=iteration, seed=seed)
     episodes = [
         EpisodeRequest(
@@ -209,7 +214,7 @@ def run_shard(request: ShardRequest, *, pool: SandboxPool | None = None) -> list
     pool = pool or worker_pool()
     policy = CandidateScorerPolicy.from_bytes(request.policy_bytes)
     if policy.version != request.policy_version:
-        raise ValueError(
+        raise TrainerError(
             f"shard {request.shard} carries policy {policy.version}, expected "
             f"{request.policy_version}: the policy bytes are corrupt"
         )

@@ -2,43 +2,22 @@
 
 A trajectory carries everything the trainer, the store and an external trainer need: the task id
 and version, the snapshot digest, the policy version, every step (action, capped observation,
-exit code, durations, log-probability and policy record) and the verifier's verdict. It converts
-to the store's `EpisodeRecord` / `StepRecord` rows.
+exit code, durations, log-probability and policy record) and the verifier's verdict, under one of
+the statuses of `rollyard.status`. It converts to the store's `EpisodeRecord` / `StepRecord` rows.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import hashlib
 from typing import TYPE_CHECKING
 
+from rollyard.status import EpisodeStatus, check_reward, is_trainable
 from training.actions import Action, History, Observation, action_to_json
 from training.policy import ChatRecord, PolicyRecord
 
 if TYPE_CHECKING:
     from storage.records import EpisodeRecord, StepRecord
-
-
-class EpisodeStatus(enum.StrEnum):
-    """Every way an episode can end. Only `ok` and `timeout` are the policy's doing and carry a
-    reward the trainer learns from; the others are masked and counted, never scored as 0."""
-
-    OK = "ok"
-    """The policy submitted or used up its step budget, and the verifier scored the workspace."""
-    TIMEOUT = "timeout"
-    """The episode's wall-clock budget ran out (truncated); the workspace was still verified."""
-    POLICY_ERROR = "policy_error"
-    """The policy raised (its model crashed, its endpoint stayed down after retries)."""
-    INFRA_ERROR = "infra_error"
-    """The sandbox failed underneath the episode (reset, execute, read, write)."""
-    VERIFIER_ERROR = "verifier_error"
-    """The verifier crashed or could not produce a verdict."""
-    TASK_ERROR = "task_error"
-    """The verifier judged the task itself broken (its tests do not run as declared)."""
-
-
-TRAINABLE_STATUSES = frozenset({EpisodeStatus.OK, EpisodeStatus.TIMEOUT})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -127,9 +106,15 @@ class Trajectory:
     started_at_s: float = 0.0
     """Unix time the episode started."""
 
+    def __post_init__(self) -> None:
+        # The no-reward rule, where every trajectory is made: an infrastructure failure that
+        # carried a 0 would teach the policy that the sandbox's crash was its fault.
+        check_reward(self.status, self.reward)
+
     @property
     def trainable(self) -> bool:
-        return self.status in TRAINABLE_STATUSES and self.reward is not None
+        """The reward judges the policy: the trainer learns from this episode."""
+        return is_trainable(self.status)
 
     def history(self) -> History:
         """The history as the policy saw it after the last step."""

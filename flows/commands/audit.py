@@ -6,7 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from flows.cli import EXIT_USAGE, CliError
+from flows.errors import CliError
+from rollyard.errors import EXIT_USAGE
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

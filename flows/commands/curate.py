@@ -8,7 +8,9 @@ import argparse
 import json
 from typing import Any
 
-from flows.cli import EXIT_USAGE, CliError, non_negative_int
+from flows.cli import non_negative_int
+from flows.errors import CliError
+from rollyard.errors import EXIT_USAGE
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

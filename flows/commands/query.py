@@ -6,7 +6,8 @@ import argparse
 import sys
 from typing import Any
 
-from flows.cli import EXIT_USAGE, CliError
+from flows.errors import CliError
+from rollyard.errors import EXIT_USAGE
 
 FORMATS = ("table", "csv", "json")
 # A terminal table wider than this many rows is cut; scripts use --format csv|json for everything.

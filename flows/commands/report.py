@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from flows.cli import CliError
+from flows.errors import CliError
 
 
 def register(subparsers: Any) -> None:

@@ -1,4 +1,6 @@
-"""`rollyard sandbox ...`: run one command in a fresh sandbox, check the host, sweep orphans."""
+"""`rollyard sandbox ...`: run one command in a fresh sandbox, check the host, sweep orphans.
+A `SandboxError` reaches the CLI's `main`, which exits with its code (3 for a host that cannot
+run sandboxes, 2 for a bad snapshot or limits)."""
 
 from __future__ import annotations
 
@@ -7,9 +9,9 @@ import json
 import sys
 from pathlib import Path
 
-from flows.cli import EXIT_USAGE, CliError, positive_float, positive_int
-
-EXIT_HOST_UNSUPPORTED = 3
+from flows.cli import positive_float, positive_int
+from flows.errors import CliError
+from rollyard.errors import EXIT_USAGE
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -42,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from sandboxes import Limits, SandboxUnavailableError, SnapshotError, open_sandbox
+    from sandboxes import Limits, open_sandbox
 
     command = list(args.cmd)
     if command and command[0] == "--":
@@ -61,15 +63,10 @@ def run_command(args: argparse.Namespace) -> int:
         "cpus": args.cpus,
     }
     limits = Limits(**{k: v for k, v in overrides.items() if v is not None})
-    try:
-        with open_sandbox(workspace, limits=limits) as sandbox:
-            result = sandbox.execute(command)
-            diff = sandbox.diff()
-            digest = sandbox.snapshot_digest
-    except SandboxUnavailableError as error:
-        raise CliError(str(error), EXIT_HOST_UNSUPPORTED) from error
-    except SnapshotError as error:
-        raise CliError(str(error), EXIT_USAGE) from error
+    with open_sandbox(workspace, limits=limits) as sandbox:
+        result = sandbox.execute(command)
+        diff = sandbox.diff()
+        digest = sandbox.snapshot_digest
     report = {
         "exit_code": result.exit_code,
         "stdout": result.stdout,
@@ -90,13 +87,9 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def check_command(args: argparse.Namespace) -> int:
-    from sandboxes import SandboxUnavailableError
     from sandboxes.host import check_host
 
-    try:
-        bwrap = check_host()
-    except SandboxUnavailableError as error:
-        raise CliError(str(error), EXIT_HOST_UNSUPPORTED) from error
+    bwrap = check_host()
     print(f"ok: bwrap backend usable ({bwrap})")
     return 0
 

@@ -8,7 +8,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from flows.cli import EXIT_USAGE, CliError, positive_int
+from flows.cli import positive_int
+from flows.errors import CliError
+from rollyard.errors import EXIT_USAGE
 
 
 def register(subparsers: Any) -> None:

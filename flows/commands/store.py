@@ -6,7 +6,8 @@ import argparse
 from datetime import timedelta
 from typing import Any
 
-from flows.cli import CliError, non_negative_int, positive_float
+from flows.cli import non_negative_int, positive_float
+from flows.errors import CliError
 
 
 def register(subparsers: Any) -> None:

@@ -1,5 +1,5 @@
 """`rollyard tasks synthesize` and `rollyard tasks import-swebench`: tasks from real repositories.
-Both add themselves to the `tasks` group of flows/commands/tasks.py; output is JSON lines."""
+`flows.commands.tasks` adds both to its group; output is JSON lines."""
 
 from __future__ import annotations
 
@@ -9,27 +9,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from flows.cli import CliError, positive_int
+from flows.cli import positive_int
+from flows.errors import CliError
+from rollyard.errors import EXIT_DAMAGED, EXIT_FAILED
 
-EXIT_NOTHING = 1
-EXIT_SOME_ROWS_FAILED = 4
-
-
-def _tasks_commands(
-    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
-) -> argparse._SubParsersAction[argparse.ArgumentParser]:
-    """The sub-command action of the existing `tasks` group."""
-    tasks = subparsers.choices.get("tasks")
-    if tasks is None:
-        raise RuntimeError("flows.commands.tasks must be registered before task_import")
-    for action in tasks._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action
-    raise RuntimeError("the `tasks` parser has no sub-commands to extend")
+EXIT_NOTHING = EXIT_FAILED
+"""Nothing was kept or imported."""
+EXIT_SOME_ROWS_FAILED = EXIT_DAMAGED
+"""Some rows were imported, others are broken tasks (each reported with its error)."""
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    commands = _tasks_commands(subparsers)
+def register_tasks_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the import commands to the `tasks` group's sub-commands."""
 
     synth = commands.add_parser(
         "synthesize",
@@ -86,11 +77,12 @@ def synthesize_command(args: argparse.Namespace) -> int:
         if args.scheduler or args.workers > 0:
             from distributed import Client, LocalCluster
 
+            from flows.runtime import local_cluster_kwargs
+
             if args.scheduler:
                 client = Client(args.scheduler)
             else:
-                cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1,
-                                       processes=True, dashboard_address=None)  # fmt: skip
+                cluster = LocalCluster(**local_cluster_kwargs(args.workers))
                 client = Client(cluster)
         # A mutant breaking more tests than curation admits is dropped here already.
         max_fail_to_pass = CurationSettings.from_env().max_fail_to_pass

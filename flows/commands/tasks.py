@@ -1,5 +1,7 @@
-"""`rollyard tasks ...` (demo, checkout, validate, check) and `rollyard verify`: the task library
-on the command line. Each handler is one call into `tasks_lib`; output is JSON."""
+"""`rollyard tasks ...` and `rollyard verify`: the task library on the command line. Each handler
+is one call into `tasks_lib`; output is JSON. The group also holds the commands of
+`flows.commands.task_import` (synthesize, import-swebench) and `flows.commands.families`
+(generate, new, lint)."""
 
 from __future__ import annotations
 
@@ -11,10 +13,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from flows.cli import CliError, positive_int
+from flows.cli import positive_int
+from flows.commands import families, task_import
+from flows.errors import CliError
+from rollyard.errors import EXIT_DAMAGED, EXIT_FAILED, EXIT_UNAVAILABLE, EXIT_USAGE
 
-EXIT_INVALID = 1
-EXIT_NOT_SCORED = 3
+VERIFY_EXIT_CODES = {"task_error": EXIT_DAMAGED}
+"""`rollyard verify`'s exit code for a verdict without a score: the task is broken (4), else the
+sandbox or the verifier failed (3)."""
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -50,6 +56,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     check.add_argument("--jobs", type=positive_int, default=1, help="tasks checked at once")
     check.set_defaults(handler=check_command)
 
+    task_import.register_tasks_commands(commands)
+    families.register_tasks_commands(commands)
+
     verify = subparsers.add_parser(
         "verify",
         help="score a workspace left by an agent against a task",
@@ -71,7 +80,7 @@ def _load(path: Path) -> Any:
     try:
         return load_task(path)
     except TaskError as error:
-        raise CliError(str(error), EXIT_INVALID) from error
+        raise CliError(str(error), EXIT_USAGE) from error
 
 
 def demo_command(args: argparse.Namespace) -> int:
@@ -129,7 +138,7 @@ def validate_command(args: argparse.Namespace) -> int:
         _print(
             {"task_id": _declared_id(path), "path": str(path), "ok": not issues, "errors": issues}
         )
-    return EXIT_INVALID if invalid else 0
+    return EXIT_FAILED if invalid else 0
 
 
 def check_command(args: argparse.Namespace) -> int:
@@ -163,7 +172,7 @@ def check_command(args: argparse.Namespace) -> int:
             _print(summary)
     if failed:
         print(f"rollyard: {failed} of {len(paths)} task(s) failed the check", file=sys.stderr)
-    return EXIT_INVALID if failed else 0
+    return EXIT_FAILED if failed else 0
 
 
 def verify_command(args: argparse.Namespace) -> int:
@@ -173,7 +182,7 @@ def verify_command(args: argparse.Namespace) -> int:
     try:
         candidate = CandidateChanges.from_directory(args.candidate, task.snapshot_dir)
     except (TaskError, OSError) as error:
-        raise CliError(str(error), EXIT_INVALID) from error
+        raise CliError(str(error), EXIT_USAGE) from error
     result = verify(task, candidate)
     out = result.to_json()
     _print(
@@ -182,4 +191,6 @@ def verify_command(args: argparse.Namespace) -> int:
             for key in ("task_id", "reward", "status", "tests", "flags", "partial_credit", "detail")
         }
     )
-    return 0 if result.scored else EXIT_NOT_SCORED
+    if result.scored:
+        return 0
+    return VERIFY_EXIT_CODES.get(result.status, EXIT_UNAVAILABLE)

@@ -8,7 +8,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from flows.cli import EXIT_USAGE, CliError, positive_float, positive_int
+from flows.cli import positive_float, positive_int
+from flows.errors import CliError
+from rollyard.errors import EXIT_USAGE
 
 DEMO_TASK_COUNT = 32
 DEMO_DIFFICULTY = {"easy": 1.0}
@@ -134,7 +136,7 @@ def _run_with_progress(settings: Any, args: argparse.Namespace) -> list[Any]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from flows.train import GateStoppedRun, NoWorkersError, run_training, set_progress_hook
+    from flows.train import run_training, set_progress_hook
 
     console = Console(stderr=True)
     progress = Progress(
@@ -179,12 +181,11 @@ def _run_with_progress(settings: Any, args: argparse.Namespace) -> list[Any]:
             )
 
     set_progress_hook(hook)
+    # A run stopped by a gate or by a cluster without workers raises its `FlowError`, which the
+    # CLI prints with its exit code; what the run committed stays (--resume).
     try:
         with progress:
             return run_training(settings, workers=args.workers, dask_address=args.dask_address)
-    except (NoWorkersError, GateStoppedRun) as error:
-        # The run stopped for a reason the user acts on; what it committed stays (--resume).
-        raise CliError(str(error)) from error
     finally:
         set_progress_hook(None)
 

@@ -35,7 +35,7 @@ def dask_address(prefect_server: str) -> Iterator[str]:
     Created after the Prefect server so spawned workers inherit its URL."""
     from distributed import LocalCluster
 
-    with LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
-    ) as cluster:
+    from flows.runtime import local_cluster_kwargs
+
+    with LocalCluster(**local_cluster_kwargs(2)) as cluster:
         yield str(cluster.scheduler_address)

@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from rollyard.status import EpisodeStatus
 from sandboxes import SandboxPool
 from tasks_lib.format.loader import load_task
 from training.actions import RunCommand
 from training.episode import EpisodeConfig
 from training.policy import ScriptedPolicy
 from training.recovery import FaultPlan, RecoveryPolicy, run_episode_with_recovery
-from training.trajectory import EpisodeKey, EpisodeStatus
+from training.trajectory import EpisodeKey
 
 ACTIONS = [RunCommand("ls"), RunCommand("echo second"), RunCommand("echo third")]
 

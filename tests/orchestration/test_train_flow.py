@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.train import GateStoppedRun, NoWorkersError, TrainSettings, run_training
+from flows.errors import GateStoppedRun, NoWorkersError
+from flows.train import TrainSettings, run_training
 from storage import TrajectoryStore
 from training.iteration import completed_iterations
 from training.recovery import FaultPlan
@@ -146,11 +147,11 @@ def test_a_cluster_without_workers_fails_the_run_instead_of_waiting(
 ) -> None:
     from distributed import LocalCluster
 
+    from flows.runtime import local_cluster_kwargs
+
     store = tmp_path / "store"
     # A scheduler whose workers are all gone: its queued shards would wait forever.
-    with LocalCluster(
-        n_workers=0, processes=True, dashboard_address=None, threads_per_worker=1
-    ) as cluster:
+    with LocalCluster(**local_cluster_kwargs(0)) as cluster:
         started = time.monotonic()
         with pytest.raises(NoWorkersError, match=r"no worker for .* --resume"):
             run_training(
@@ -256,6 +257,8 @@ def test_multi_process_dask_deployment(
                     "--nthreads",
                     "1",
                     "--no-dashboard",
+                    "--preload",
+                    "flows.dask_worker",
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,

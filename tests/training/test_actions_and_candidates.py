@@ -18,13 +18,9 @@ from training.actions import (
     cap_text,
     failing_test_count,
 )
-from training.candidates import (
-    FEATURE_COUNT,
-    FEATURE_NAMES,
-    find_test_command,
-    propose_candidates,
-    runnable_test_command,
-)
+from training.builtin.bugfix import find_test_command, runnable_test_command
+from training.builtin.features import FEATURE_COUNT, FEATURE_NAMES
+from training.builtin.proposers import propose_candidates
 
 SOURCE = (
     "def clamp(value, low, high):\n    if value > high:\n        return value\n    return value\n"
@@ -164,9 +160,9 @@ def test_test_command_is_read_from_the_instruction() -> None:
 
 def test_the_edit_digest_follows_reads_kept_edits_and_reverted_trials() -> None:
     from training.actions import TRIAL_KEPT, TRIAL_REVERTED
-    from training.candidates import _read_situation
-    from training.edit_history import digest, follow_edits
-    from training.proposers.base import follow_edits as proposers_follow_edits
+    from training.builtin.bugfix import _read_situation
+    from training.builtin.edit_history import digest, follow_edits
+    from training.builtin.proposers.base import follow_edits as proposers_follow_edits
 
     source = "def f(x):\n    return x < 1\n"
     test = "python -m pytest -q"

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
 
+from rollyard.status import EpisodeStatus
 from sandboxes import Sandbox, open_sandbox
 from storage import TrajectoryStore, episode_id_for
 from tasks_lib.format.model import Task
@@ -22,12 +23,12 @@ from training.actions import (
     Submit,
     TryEdit,
 )
-from training.episode import EpisodeConfig, run_episode
+from training.builtin.scorer_policy import CandidateScorerPolicy
+from training.episode import EpisodeConfig, VerdictFlag, run_episode
 from training.errors import PolicyError
 from training.grpo import GRPOTrainer
 from training.policy import Decision, Policy, ScorerRecord, ScriptedPolicy
-from training.scorer_policy import CandidateScorerPolicy
-from training.trajectory import EpisodeKey, EpisodeStatus
+from training.trajectory import EpisodeKey
 
 # the bug tests/training/conftest.py injects into calc.py, and its fix
 BUGGY_LINE = "    if value >= high:\n        return value"
@@ -37,9 +38,14 @@ FIX = EditFile("calc.py", BUGGY_LINE, FIXED_LINE)
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Verdict:
+    """A verdict of the shape `training.episode.Verdict` reads."""
+
     reward: float | None
     status: str = "ok"
     detail: str = ""
+    partial_credit: float | None = None
+    tests: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    flags: tuple[VerdictFlag, ...] = ()
 
 
 def fixed_file_verifier(task: Task, sandbox: Sandbox) -> Verdict:

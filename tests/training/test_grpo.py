@@ -12,8 +12,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rollyard.status import EpisodeStatus
 from training.actions import TRIAL_KEPT, TRIAL_REVERTED, Observation, RunCommand, Submit, TryEdit
-from training.candidates import FEATURE_COUNT, FEATURE_NAMES, Candidate
+from training.builtin.features import FEATURE_COUNT, FEATURE_NAMES, Candidate
+from training.builtin.scorer_policy import CandidateScorerPolicy
 from training.grpo import (
     GRPOConfig,
     GRPOTrainer,
@@ -26,8 +28,7 @@ from training.grpo import (
     trial_credits,
 )
 from training.policy import ScorerRecord
-from training.scorer_policy import CandidateScorerPolicy
-from training.trajectory import EpisodeKey, EpisodeStatus, Step, Trajectory
+from training.trajectory import EpisodeKey, Step, Trajectory
 
 _GOOD = FEATURE_NAMES.index("edit_in_failing_function")
 

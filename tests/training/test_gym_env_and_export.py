@@ -4,21 +4,23 @@ trainers."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 from gymnasium.utils.env_checker import check_env
 
+from rollyard.status import EpisodeStatus
 from sandboxes import Sandbox
 from tasks_lib.format.model import Task
 from training.actions import EditFile, RunCommand, Submit, action_to_json
-from training.episode import EpisodeConfig
+from training.episode import EpisodeConfig, VerdictFlag
 from training.errors import EnvLifecycleError
 from training.export import EXPORT_SCHEMA, export_batch, tool_call_arguments
 from training.gym_env import RollyardEnv
 from training.policy import ChatRecord
-from training.trajectory import EpisodeStatus, Step, Trajectory
+from training.trajectory import Step, Trajectory
 
 FIX = EditFile(
     "calc.py",
@@ -29,8 +31,14 @@ FIX = EditFile(
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Verdict:
+    """A verdict of the shape `training.episode.Verdict` reads."""
+
     reward: float
     status: str = "ok"
+    detail: str = ""
+    partial_credit: float | None = None
+    tests: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    flags: tuple[VerdictFlag, ...] = ()
 
 
 def quick_verifier(task: Task, sandbox: Sandbox) -> Verdict:

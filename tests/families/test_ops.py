@@ -9,7 +9,7 @@ from tasks_lib import CandidateChanges, load_task, validate_task, verify
 from tasks_lib.curate import CurationSettings, check_task_dir
 from tasks_lib.sources.families.ops import SCENARIOS, generate_ops_tasks
 from tasks_lib.verify.oracle import solution_changes
-from tests.domains.conftest import task_of
+from tests.families.conftest import task_of
 
 STUB_SERVER = '''\
 """A stub that answers every request with what the instruction describes."""

@@ -35,17 +35,16 @@ from training.actions import (
     TryEdit,
     failing_test_count,
 )
-from training.candidates import Candidate, edit_between
-from training.proposers.base import (
+from training.builtin.edit_history import edit_between
+from training.builtin.features import OPS_EVIDENCE_KINDS, Candidate, feature_vector
+from training.builtin.proposers.base import (
     STEP_HORIZON,
     Edits,
     backticked,
     digest,
-    feature_vector,
     follow_edits,
     normalize_path,
 )
-from training.proposers.features import OPS_EVIDENCE_KINDS
 
 LIST_FILES_COMMAND = "find . -type f -not -path '*/.*' | sort"
 SERVICE_WAIT_S = 8.0

@@ -1,6 +1,7 @@
 """What a history says about the files: the agent's reads with its kept edits applied, and the
-trials it reverted. Every candidate proposer (bug fixing and the domain proposers) reads the
-files through this one digest, so they agree on what the agent has seen and tried."""
+trials it reverted. Every candidate proposer (bug fixing and the other families') reads the
+files through this one digest, so they agree on what the agent has seen and tried; and every
+proposer writes its edits with `edit_between`."""
 
 from __future__ import annotations
 
@@ -76,3 +77,31 @@ def follow_edits(history: History) -> Edits:
     for turn in history.turns:
         edits.record(turn.action, turn.observation)
     return edits
+
+
+def edit_between(path: str, current: str, target: str) -> EditFile | None:
+    """The one `edit_file` call that turns `current` into `target`: the changed lines, widened
+    by context until the old text occurs once (None when nothing differs or no anchor exists)."""
+    if current == target:
+        return None
+    old_lines, new_lines = current.split("\n"), target.split("\n")
+    prefix = 0
+    while prefix < min(len(old_lines), len(new_lines)) and old_lines[prefix] == new_lines[prefix]:
+        prefix += 1
+    suffix = 0
+    while (
+        suffix < min(len(old_lines), len(new_lines)) - prefix
+        and old_lines[-1 - suffix] == new_lines[-1 - suffix]
+    ):
+        suffix += 1
+    first, old_end, new_end = prefix, len(old_lines) - suffix, len(new_lines) - suffix
+    for _ in range(4):
+        old_text = "\n".join(old_lines[first:old_end])
+        if old_text.strip() and current.count(old_text) == 1:
+            return EditFile(path, old_text, "\n".join(new_lines[first:new_end]))
+        # widen: one more line of context on each side
+        if first > 0:
+            first -= 1
+        if old_end < len(old_lines) and new_end < len(new_lines):
+            old_end, new_end = old_end + 1, new_end + 1
+    return None

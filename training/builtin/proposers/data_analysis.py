@@ -31,17 +31,15 @@ import re
 from collections.abc import Iterator
 
 from training.actions import History, ReadFile, RunCommand, Submit, TryEdit
-from training.candidates import Candidate
-from training.proposers.base import (
+from training.builtin.features import AGGREGATIONS, Candidate, feature_vector
+from training.builtin.proposers.base import (
     STEP_HORIZON,
     backticked,
     digest,
-    feature_vector,
     follow_edits,
     normalize_path,
     paragraphs,
 )
-from training.proposers.features import AGGREGATIONS
 
 DATA_EXTENSIONS = (".csv", ".parquet", ".tsv")
 _WRITE = re.compile(r"\b[Ww]rites?\s+`([^`\n]+)`")

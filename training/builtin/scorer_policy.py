@@ -1,6 +1,6 @@
 """The built-in policy: a small torch network scores proposed candidate actions; sampling picks one.
 
-It learns on CPU from scratch. `training.candidates` proposes actions from the history and
+It learns on CPU from scratch. `training.builtin.proposers` proposes actions from the history and
 describes each with features; the network maps features to a logit, and the policy samples
 from the softmax over candidates, so the log-probability of every choice is exact and can be
 recomputed by the trainer from the stored features (`ScorerRecord`). The last layer starts at
@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from training.actions import History
-from training.candidates import FEATURE_COUNT, FEATURE_NAMES, Candidate, propose_candidates
+from training.builtin.features import FEATURE_COUNT, FEATURE_NAMES, Candidate
+from training.builtin.proposers import propose_candidates
 from training.errors import PolicyError, TrainerError
 from training.policy import Decision, Policy, ScorerRecord
 

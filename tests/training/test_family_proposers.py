@@ -25,12 +25,23 @@ from training.actions import (
     Submit,
     TryEdit,
 )
-from training.candidates import FEATURE_COUNT, FEATURE_NAMES, Candidate, propose_candidates
+from training.builtin.features import (
+    DATA_FEATURE_NAMES,
+    FAMILY_FEATURE_NAMES,
+    FEATURE_COUNT,
+    FEATURE_NAMES,
+    OPS_FEATURE_NAMES,
+    Candidate,
+)
+from training.builtin.proposers import (
+    data_analysis,
+    family_proposer_for,
+    ops,
+    propose_candidates,
+)
+from training.builtin.scorer_policy import CandidateScorerPolicy
 from training.episode import EpisodeConfig, run_episode
 from training.policy import Decision, Policy
-from training.proposers import DOMAIN_FEATURE_NAMES, data_analysis, domain_proposer_for, ops
-from training.proposers.features import DATA_FEATURE_NAMES, OPS_FEATURE_NAMES
-from training.scorer_policy import CandidateScorerPolicy
 from training.trajectory import EpisodeKey
 
 PROFILE = "\n".join(
@@ -82,17 +93,17 @@ def _workspace_file(task: Task, path: str) -> str:
 # -- the feature space and routing ------------------------------------------------------------
 
 
-def test_domain_features_are_one_block_at_the_end_of_the_feature_space() -> None:
-    assert FEATURE_NAMES[-len(DOMAIN_FEATURE_NAMES) :] == DOMAIN_FEATURE_NAMES
-    assert (*DATA_FEATURE_NAMES, *OPS_FEATURE_NAMES) == DOMAIN_FEATURE_NAMES
+def test_family_features_are_one_block_at_the_end_of_the_feature_space() -> None:
+    assert FEATURE_NAMES[-len(FAMILY_FEATURE_NAMES) :] == FAMILY_FEATURE_NAMES
+    assert (*DATA_FEATURE_NAMES, *OPS_FEATURE_NAMES) == FAMILY_FEATURE_NAMES
     assert len(set(FEATURE_NAMES)) == FEATURE_COUNT
 
 
 def test_instructions_route_to_their_proposer(tmp_path: Path, bug_task: Task) -> None:
     data, service = _data_task(tmp_path, 0), _ops_task(tmp_path, 0)
-    assert domain_proposer_for(History(data.instruction)) is data_analysis.propose
-    assert domain_proposer_for(History(service.instruction)) is ops.propose
-    assert domain_proposer_for(History(bug_task.instruction)) is None
+    assert family_proposer_for(History(data.instruction)) is data_analysis.propose
+    assert family_proposer_for(History(service.instruction)) is ops.propose
+    assert family_proposer_for(History(bug_task.instruction)) is None
     # a bug-fix task still gets the bug-fix proposer's first moves
     labels = [c.label for c in propose_candidates(History(bug_task.instruction))]
     assert "run tests" in labels

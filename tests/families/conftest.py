@@ -1,4 +1,4 @@
-"""Generated tasks of the two domain families, shared by the tests of this package."""
+"""Generated tasks of the two families beyond bug fixing, shared by the tests of this package."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from tasks_lib.curate.pipeline import TaskChecks
 from tasks_lib.curate.review_gate import apply_review_gate
 from tasks_lib.sources.authoring import lint_task
 from tasks_lib.sources.families.data_analysis import generate_data_analysis_tasks
-from tests.domains.conftest import task_of
+from tests.families.conftest import task_of
 from training import EpisodeConfig, EpisodeKey, run_episode
 from training.actions import EditFile
 from training.policy import ScriptedPolicy

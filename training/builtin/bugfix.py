@@ -1,4 +1,4 @@
-"""Candidate actions for the built-in policy, proposed from what the agent has seen, with features.
+"""The built-in policy's bug-fix proposer: candidate actions from what the agent has seen.
 
 The proposer reads the history the way a developer skims a failing build: how many tests fail,
 which functions the failing tests exercise (the calls on pytest's `>` lines, the
@@ -12,8 +12,9 @@ single-token slips — flip a comparison or arithmetic operator, move an integer
 that is never read instead of one that is — in the functions the failures point to, plus a few
 of the same edits elsewhere. It never knows which edit fixes the bug.
 
-Each candidate gets a fixed-length feature vector describing the action and the situation; the
-network in `training.scorer_policy` learns from rewards which ones pay. Features are generic —
+Each candidate gets a fixed-length feature vector (`training.builtin.features`) describing the
+action and the situation; the network in `training.builtin.scorer_policy` learns from rewards
+which ones pay. Features are generic —
 where an edit lands relative to the failure, what kind of edit it is crossed with what the
 failure looks like, whether its line was tried already — never which edit is the answer. An edit
 whose result was tried and reverted is not offered again.
@@ -31,8 +32,6 @@ import tokenize
 from collections.abc import Iterator
 
 from training.actions import (
-    Action,
-    EditFile,
     History,
     ReadFile,
     RunCommand,
@@ -40,74 +39,14 @@ from training.actions import (
     TryEdit,
     failing_test_count,
 )
-from training.edit_history import Edits, digest, normalize_path
-from training.proposers import DOMAIN_FEATURE_NAMES, domain_proposer_for
+from training.builtin.edit_history import Edits, digest, edit_between, normalize_path
+from training.builtin.features import FEATURE_COUNT, FEATURE_INDEX, Candidate
 
 DEFAULT_TEST_COMMAND = "python -m pytest -q"
 LIST_FILES_COMMAND = "find . -name '*.py' -not -path '*/.*' | sort"
 FAST_PYTEST_ENV = "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONDONTWRITEBYTECODE=1"
 """Prefix of the proposer's test runs: third-party pytest plugins installed next to the
 interpreter cost seconds per run to import, and bytecode caches would land in the diff."""
-
-MUTATION_KINDS = (
-    "comparison",
-    "arithmetic",
-    "off_by_one",
-    "boolean",
-    "wrong_variable",
-    "missing_call",
-    "return_value",
-)
-EVIDENCE_KINDS = (
-    "numbers_one_apart",
-    "numbers_further_apart",
-    "sign_differs",
-    "bool_mismatch",
-    "none_mismatch",
-    "order_differs",
-    "case_differs",
-    "type_differs",
-    "exception_raised",
-    "no_evidence",
-)
-"""What the failing assertions look like (`no_evidence`: the tests have not been run, or the
-output showed none of the others)."""
-
-FEATURE_NAMES: tuple[str, ...] = (
-    # what kind of action
-    "is_run_tests",
-    "is_list_files",
-    "is_read",
-    "is_try_edit",
-    "is_submit",
-    # running the tests and submitting, given the situation
-    "run_tests_never_run",
-    "submit_tests_failing",
-    "submit_before_any_trial",
-    # reading
-    "read_source_of_failing_test",
-    "read_named_by_failure",
-    # where a trial's edit lands, and whether it was tried
-    "edit_in_failing_function",
-    "edit_line_in_traceback",
-    "edit_line_tried_before",
-    # what a variable swap brings in
-    "edit_name_never_read",
-    "edit_name_repeated_on_line",
-    # what a trial's edit does (one-hot over MUTATION_KINDS) ...
-    *(f"edit_kind_{kind}" for kind in MUTATION_KINDS),
-    # ... crossed with what the failure looks like: the network learns which fit which
-    *(f"{kind}_given_{evidence}" for kind in MUTATION_KINDS for evidence in EVIDENCE_KINDS),
-    # the situation (the same for every candidate; the hidden layer crosses it with the rest)
-    "tests_run",
-    "step_fraction",
-    "trials_reverted_scaled",
-    "last_trial_kept",
-    # the other domains' proposers (`training.proposers`): a block of their own
-    *DOMAIN_FEATURE_NAMES,
-)
-FEATURE_COUNT = len(FEATURE_NAMES)
-_FEATURE_INDEX = {name: index for index, name in enumerate(FEATURE_NAMES)}
 
 _STEP_HORIZON = 8
 """Steps after which `step_fraction` saturates (the built-in policy gets few)."""
@@ -163,16 +102,6 @@ _STRUCTURAL_PREFIXES = ("def ", "class ", "import ", "from ", "@", "#", "else", 
 _SWAPPABLE_RETURN_OPS = (ast.Sub, ast.Div, ast.FloorDiv, ast.Mod)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Candidate:
-    """One action the policy may take, and its features."""
-
-    action: Action
-    features: tuple[float, ...]
-    label: str
-    """Short description for logs ("try calc.py:12 comparison '<'->'<='")."""
-
-
 @dataclasses.dataclass(slots=True)
 class _Failure:
     """What a failing test run says, digested."""
@@ -184,7 +113,7 @@ class _Failure:
     failing_test_names: set[str] = dataclasses.field(default_factory=set)
     failing_test_stems: set[str] = dataclasses.field(default_factory=set)
     evidence: set[str] = dataclasses.field(default_factory=set)
-    """Which of `EVIDENCE_KINDS` the failing assertions show."""
+    """Which of `features.EVIDENCE_KINDS` the failing assertions show."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -573,45 +502,17 @@ def _return_mutations(line: str) -> Iterator[_Mutation]:
         yield "return_value", "None->0", f"{indent}return 0", {}
 
 
-def edit_between(path: str, current: str, target: str) -> EditFile | None:
-    """The one `edit_file` call that turns `current` into `target`: the changed lines, widened
-    by context until the old text occurs once (None when nothing differs or no anchor exists)."""
-    if current == target:
-        return None
-    old_lines, new_lines = current.split("\n"), target.split("\n")
-    prefix = 0
-    while prefix < min(len(old_lines), len(new_lines)) and old_lines[prefix] == new_lines[prefix]:
-        prefix += 1
-    suffix = 0
-    while (
-        suffix < min(len(old_lines), len(new_lines)) - prefix
-        and old_lines[-1 - suffix] == new_lines[-1 - suffix]
-    ):
-        suffix += 1
-    first, old_end, new_end = prefix, len(old_lines) - suffix, len(new_lines) - suffix
-    for _ in range(4):
-        old_text = "\n".join(old_lines[first:old_end])
-        if old_text.strip() and current.count(old_text) == 1:
-            return EditFile(path, old_text, "\n".join(new_lines[first:new_end]))
-        # widen: one more line of context on each side
-        if first > 0:
-            first -= 1
-        if old_end < len(old_lines) and new_end < len(new_lines):
-            old_end, new_end = old_end + 1, new_end + 1
-    return None
-
-
 # -- features -----------------------------------------------------------------------------------
 
 
 def _vector(situation: _Situation, **active: float) -> tuple[float, ...]:
     values = [0.0] * FEATURE_COUNT
-    values[_FEATURE_INDEX["tests_run"]] = float(situation.tests_run)
-    values[_FEATURE_INDEX["step_fraction"]] = min(situation.step_count / _STEP_HORIZON, 1.0)
-    values[_FEATURE_INDEX["trials_reverted_scaled"]] = min(situation.trials_reverted / 4.0, 1.0)
-    values[_FEATURE_INDEX["last_trial_kept"]] = float(situation.last_trial_kept)
+    values[FEATURE_INDEX["tests_run"]] = float(situation.tests_run)
+    values[FEATURE_INDEX["step_fraction"]] = min(situation.step_count / _STEP_HORIZON, 1.0)
+    values[FEATURE_INDEX["trials_reverted_scaled"]] = min(situation.trials_reverted / 4.0, 1.0)
+    values[FEATURE_INDEX["last_trial_kept"]] = float(situation.last_trial_kept)
     for name, value in active.items():
-        values[_FEATURE_INDEX[name]] = value
+        values[FEATURE_INDEX[name]] = value
     return tuple(values)
 
 
@@ -695,17 +596,12 @@ def _edit_candidates(situation: _Situation) -> Iterator[Candidate]:
         yield from sorted(chosen, key=elsewhere.index)
 
 
-def propose_candidates(history: History) -> list[Candidate]:
-    """Every action worth considering after `history`, each with its feature vector.
+def propose(history: History) -> list[Candidate]:
+    """Every action worth considering after `history` on a bug-fix task, with its features.
 
     Deterministic: the same history gives the same candidates in the same order (the trainer
     and the tests rely on it). Never empty. Once the tests pass, submitting is all that is
-    left; before then it is offered once the tests have run or a trial was made.
-
-    Tasks of another domain (a data question, a failing service) go to its proposer in
-    `training.proposers`."""
-    if (domain := domain_proposer_for(history)) is not None:
-        return domain(history)
+    left; before then it is offered once the tests have run or a trial was made."""
     situation = _read_situation(history)
     failure = situation.failure
     submit = Candidate(

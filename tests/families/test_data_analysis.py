@@ -13,7 +13,7 @@ from tasks_lib import CandidateChanges, load_task, validate_task, verify
 from tasks_lib.curate import CurationSettings, check_task_dir
 from tasks_lib.sources.families.data_analysis import generate_data_analysis_tasks
 from tasks_lib.verify.oracle import checkout, solution_changes
-from tests.domains.conftest import task_of
+from tests.families.conftest import task_of
 
 
 def test_every_task_validates_passes_the_oracle_check_and_is_certified_stable(

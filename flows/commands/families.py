@@ -1,0 +1,91 @@
+"""`rollyard tasks generate|new|lint`: task families on the command line — write tasks of a
+built-in family, scaffold a new family, report weak tasks. Output is JSON lines, like
+`rollyard tasks`; `flows.commands.tasks` adds these to its group."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from flows.cli import positive_int
+from flows.errors import CliError
+from rollyard.errors import EXIT_FAILED
+
+FAMILIES = ("data_analysis", "ops")
+"""The built-in families beyond bug fixing (`rollyard tasks demo` writes bug-fix tasks)."""
+
+
+def register_tasks_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the family commands to the `tasks` group's sub-commands."""
+    generate = commands.add_parser(
+        "generate", help="write N tasks of a built-in family (data_analysis, ops)"
+    )
+    generate.add_argument("family", choices=FAMILIES, metavar="FAMILY", help=" | ".join(FAMILIES))
+    generate.add_argument("--out", required=True, type=Path, help="directory to write the tasks to")
+    generate.add_argument("--count", type=positive_int, default=8)
+    generate.add_argument("--seed", type=int, default=0)
+    generate.set_defaults(handler=generate_command)
+
+    new = commands.add_parser(
+        "new", help="scaffold a task family: generator, verifier choice, docs, test"
+    )
+    new.add_argument("name", metavar="FAMILY_NAME", help="Python package name of the family")
+    new.add_argument("--dir", type=Path, default=Path("."), help="where the family package goes")
+    new.add_argument("--verifier", choices=("artifact", "rules"), default="artifact")
+    new.set_defaults(handler=new_command)
+
+    lint = commands.add_parser("lint", help="report weak tasks: no hidden checks, solvable by the "
+                               "empty action, answer in the instruction, verifier over its budget")  # fmt: skip
+    lint.add_argument("tasks", type=Path, nargs="+", metavar="DIR")
+    lint.add_argument("--static", action="store_true", help="skip the checks that run the verifier")
+    lint.set_defaults(handler=lint_command)
+
+
+def _print(obj: dict[str, Any]) -> None:
+    print(json.dumps(obj, default=str), flush=True)
+
+
+def generate_command(args: argparse.Namespace) -> int:
+    from tasks_lib import TaskError
+
+    try:
+        if args.family == "data_analysis":
+            from tasks_lib.sources.families.data_analysis import (
+                generate_data_analysis_tasks as generate,
+            )
+        else:
+            from tasks_lib.sources.families.ops import generate_ops_tasks as generate
+        paths = generate(args.out, args.count, args.seed)
+    except (TaskError, OSError) as error:
+        raise CliError(f"cannot write {args.family} tasks to {args.out}: {error}") from error
+    _print({"family": args.family, "out": str(args.out), "count": len(paths), "seed": args.seed,
+            "task_ids": [p.name for p in paths]})  # fmt: skip
+    return 0
+
+
+def new_command(args: argparse.Namespace) -> int:
+    from tasks_lib.errors import ScaffoldError
+    from tasks_lib.sources.authoring import scaffold_family
+
+    try:
+        files = scaffold_family(args.name, args.dir, verifier=args.verifier)
+    except (ScaffoldError, OSError) as error:
+        raise CliError(str(error)) from error
+    test = next(f for f in files if f.name.startswith("test_"))
+    _print({"family": args.name, "verifier": args.verifier, "files": [str(f) for f in files],
+            "next": f"python -m pytest {test}"})  # fmt: skip
+    return 0
+
+
+def lint_command(args: argparse.Namespace) -> int:
+    from tasks_lib import find_task_dirs
+    from tasks_lib.sources.authoring.lint import lint_task
+
+    weak = 0
+    for path in find_task_dirs(args.tasks, strict=False):
+        report = lint_task(path, run_verifier=not args.static)
+        weak += report.weak
+        _print(report.to_json())
+    return EXIT_FAILED if weak else 0
