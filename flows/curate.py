@@ -17,7 +17,6 @@ from prefect import flow, get_run_logger, task, unmapped
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from flows.errors import FlowSettingsError
 from storage import TrajectoryStore
 from storage.reviews import blocked_families, review_gate
 from tasks_lib.curate import (
