@@ -1,14 +1,23 @@
 """The training exception tree: catch `TrainingError` for everything, or a subclass for one cause.
 
 Every exception passes all its arguments to `super().__init__` so it pickles across Dask and
-Prefect process boundaries unchanged.
+Prefect process boundaries unchanged. `exit_code` is what the `rollyard` command exits with.
 """
 
 from __future__ import annotations
 
+from rollyard.errors import EXIT_UNAVAILABLE, EXIT_USAGE, RollyardError
 
-class TrainingError(Exception):
+
+class TrainingError(RollyardError):
     """Base of every error raised by `training`."""
+
+
+class PolicySpecError(TrainingError, ValueError):
+    """A policy spec (`builtin`, `openai:BASE_URL#MODEL`, `hf:DIR`) is malformed, or names a
+    model directory that lacks what a chat policy needs."""
+
+    exit_code = EXIT_USAGE
 
 
 class PolicyError(TrainingError):
@@ -18,13 +27,40 @@ class PolicyError(TrainingError):
 
 
 class PolicyServerError(PolicyError):
-    """An OpenAI-compatible endpoint failed after every retry (connection refused, timeouts,
-    HTTP 5xx/429), or answered with a body that is not a chat completion."""
+    """An OpenAI-compatible endpoint rejected a request (HTTP 4xx) or answered with a body that
+    is not a chat completion: retrying the same request would not help."""
 
     def __init__(self, message: str, status_code: int | None = None) -> None:
         super().__init__(message, status_code)
         self.message = message
         self.status_code = status_code
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class PolicyUnavailableError(PolicyServerError):
+    """The model server did not answer: connection refused, timeouts, HTTP 5xx or 429 after every
+    retry. The episode runner records an `infra_error`, so the recovery path runs it again."""
+
+    exit_code = EXIT_UNAVAILABLE
+
+
+class ModelNotServedError(PolicyServerError):
+    """The server answers but does not serve the model the spec names."""
+
+    exit_code = EXIT_USAGE
+
+
+class ContextExhaustedError(PolicyError):
+    """The conversation no longer fits the model's context window. The episode runner ends the
+    episode with the `context_exhausted` status and still verifies the workspace."""
+
+    def __init__(self, message: str, prompt_tokens: int | None, context_tokens: int | None) -> None:
+        super().__init__(message, prompt_tokens, context_tokens)
+        self.message = message
+        self.prompt_tokens = prompt_tokens
+        self.context_tokens = context_tokens
 
     def __str__(self) -> str:
         return self.message
