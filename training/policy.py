@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import json
+import pickle
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -112,6 +113,13 @@ class Policy(abc.ABC):
     def identity(self) -> PolicyIdentity:
         """What acted (kind, model, version, sampling), recorded with every episode."""
         return PolicyIdentity(kind=self.kind, version=self.version)
+
+    def fork(self) -> Policy:
+        """A policy that acts like this one, for an episode in flight beside others: its own
+        sampling state (`seed`), so concurrent episodes stay reproducible. The default is a
+        pickled copy; policies holding a shared client or model override it to share them."""
+        copy: Policy = pickle.loads(pickle.dumps(self))
+        return copy
 
     def seed(self, seed: int) -> None:  # noqa: B027 - optional hook; deterministic policies ignore it
         """Reseed the policy's sampling; the episode runner calls it once per episode so a

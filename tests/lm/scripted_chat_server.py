@@ -21,6 +21,9 @@ class ScriptedChatServer:
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self.answered_at: list[float] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._lock = threading.Lock()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -36,14 +39,19 @@ class ScriptedChatServer:
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", 0))
-                server.requests.append(json.loads(self.rfile.read(length)))
-                server.headers.append(dict(self.headers))
-                server.answered_at.append(time.monotonic())
-                status, body, headers, delay_s = (
-                    server.script.pop(0) if server.script else (500, "script used up", {}, 0.0)
-                )
+                with server._lock:
+                    server.requests.append(json.loads(self.rfile.read(length)))
+                    server.headers.append(dict(self.headers))
+                    server.answered_at.append(time.monotonic())
+                    status, body, headers, delay_s = (
+                        server.script.pop(0) if server.script else (500, "script used up", {}, 0.0)
+                    )
+                    server.in_flight += 1
+                    server.max_in_flight = max(server.max_in_flight, server.in_flight)
                 time.sleep(delay_s)
                 self._send(status, body, headers)
+                with server._lock:
+                    server.in_flight -= 1
 
             def _send(self, status: int, body: Any, headers: dict[str, str]) -> None:
                 data = body.encode() if isinstance(body, str) else json.dumps(body).encode()

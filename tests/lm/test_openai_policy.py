@@ -85,7 +85,9 @@ def test_observations_go_back_under_their_call_ids(server: ScriptedChatServer) -
     history = History("task")
     decision = policy.act(history)
     assert isinstance(decision.record, ChatRecord)
-    for position, (action, call_id) in enumerate(zip(decision.actions, decision.call_ids)):
+    for position, (action, call_id) in enumerate(
+        zip(decision.actions, decision.call_ids, strict=True)
+    ):
         history = history.append(
             action,
             Observation(f"out {call_id}", 0),

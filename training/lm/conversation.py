@@ -190,6 +190,12 @@ class ChatPolicy(Policy):
     def identity(self) -> PolicyIdentity:
         return PolicyIdentity(self.kind, self.version, self.model_name, self.sampling.to_json())
 
+    def fork(self) -> ChatPolicy:
+        """A copy sharing this policy's client or model (thread-safe), with its own seed."""
+        clone = object.__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        return clone
+
     def seed(self, seed: int) -> None:
         self._seed = seed
 

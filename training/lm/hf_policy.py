@@ -82,9 +82,7 @@ class HFPolicy(ChatPolicy):
         return f"hf:{self.model_name}@{weights_digest(self.model_dir)[:12]}"
 
     def generator(self) -> LocalGenerator:
-        return _load_generator(
-            str(Path(self.model_dir).resolve()), weights_digest(self.model_dir)
-        )
+        return _load_generator(str(Path(self.model_dir).resolve()), weights_digest(self.model_dir))
 
     def complete(self, messages: list[dict[str, Any]], *, seed: int | None) -> ChatTurn:
         generator = self.generator()
