@@ -20,6 +20,7 @@ from tasks_lib.model import Task
 from training.actions import InvalidCall, ReadFile, RunCommand, Submit
 from training.episode import EpisodeConfig, run_episode
 from training.lm.openai_policy import ClientSettings, OpenAIPolicy
+from training.lm.tokens import stored_turns, trajectory_turns
 from training.recovery import RecoveryPolicy, run_episode_with_recovery
 from training.trajectory import EpisodeKey, EpisodeStatus
 
@@ -106,6 +107,8 @@ def test_every_call_runs_in_order_and_each_turn_is_stored_token_in_token_out(
         "SELECT step, turn, tool_call_id, prompt_token_ids, token_ids, logprobs, reply_message "
         "FROM steps ORDER BY step"
     ).to_pylist()
+    assert stored_turns(rows) == trajectory_turns(trajectory)
+    assert [len(t.prompt_token_ids) for t in stored_turns(rows)] == [2, 6, 8]
     assert [r["tool_call_id"] for r in rows] == ["a", "b", None, "c"]
     assert rows[0]["prompt_token_ids"] == [1, 2] and rows[0]["token_ids"] == [10, 11, 12]
     assert rows[0]["logprobs"] == [-0.25, -0.25, -0.25]
