@@ -28,7 +28,10 @@ class PolicyError(TrainingError):
 
 class PolicyServerError(PolicyError):
     """An OpenAI-compatible endpoint rejected a request (HTTP 4xx) or answered with a body that
-    is not a chat completion: retrying the same request would not help."""
+    is not a chat completion: retrying the same request would not help. Exit 2: the spec or the
+    server's settings need fixing (a wrong URL, a key, vLLM's tool-calling flags)."""
+
+    exit_code = EXIT_USAGE
 
     def __init__(self, message: str, status_code: int | None = None) -> None:
         super().__init__(message, status_code)

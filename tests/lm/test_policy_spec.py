@@ -14,7 +14,12 @@ from scripted_chat_server import ScriptedChatServer, completion, tool_call
 from rollyard.errors import EXIT_UNAVAILABLE, EXIT_USAGE, exit_code_for
 from training import CandidateScorerPolicy
 from training.actions import History, RunCommand
-from training.errors import ModelNotServedError, PolicySpecError, PolicyUnavailableError
+from training.errors import (
+    ModelNotServedError,
+    PolicyServerError,
+    PolicySpecError,
+    PolicyUnavailableError,
+)
 from training.lm.openai_policy import OpenAIPolicy
 from training.lm.spec import (
     PolicySpec,
@@ -104,8 +109,10 @@ def test_a_model_the_server_does_not_serve_names_those_it_serves(
 
 
 def test_the_check_takes_the_context_window_from_the_server(server: ScriptedChatServer) -> None:
+    server.answer(completion(tool_call("p", "submit", {})))  # the probe with tools
     policy = policy_from_spec(f"openai:{server.base_url}#served-model")
     assert isinstance(policy, OpenAIPolicy) and policy.context_tokens == 2048
+    assert server.requests[0]["max_tokens"] == 1 and server.requests[0]["tools"]
     identity = policy.identity()
     assert (identity.kind, identity.model, identity.version) == (
         "openai",
@@ -119,7 +126,7 @@ def test_the_api_key_comes_from_the_environment_and_is_never_pickled(
     server: ScriptedChatServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-secret-123")
-    policy = policy_from_spec(f"openai:{server.base_url}#served-model")
+    policy = policy_from_spec(f"openai:{server.base_url}#served-model", check=False)
     server.answer(completion(tool_call("c1", "run_command", {"command": "ls"})))
     decision = policy.act(History("Fix it"))
     assert decision.actions == (RunCommand("ls"),)
@@ -132,6 +139,20 @@ def test_the_api_key_comes_from_the_environment_and_is_never_pickled(
     server.answer(completion(tool_call("c1", "submit", {})))
     copy.act(History("Fix it"))
     assert server.headers[1]["Authorization"] == "Bearer sk-other-456"
+
+
+def test_a_server_without_tool_calling_fails_the_check_naming_the_flags(
+    server: ScriptedChatServer, tmp_path: Path
+) -> None:
+    server.answer(
+        {"object": "error", "message": '"auto" tool choice requires --enable-auto-tool-choice'},
+        status=400,
+    )
+    with pytest.raises(PolicyServerError) as raised:
+        check_policy_spec(parse_policy_spec(f"openai:{server.base_url}#served-model"))
+    message = str(raised.value)
+    assert "--enable-auto-tool-choice --tool-call-parser" in message and "\n" not in message
+    assert exit_code_for(raised.value) == EXIT_USAGE
 
 
 def test_builtin_builds_the_candidate_scorer() -> None:

@@ -66,10 +66,14 @@ class ClientSettings:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ServedModel:
-    """What `/v1/models` says of the model a spec names."""
+    """What the server says of the model a spec names (`OpenAIPolicy.check`)."""
 
     model: str
     context_tokens: int | None
+    """`max_model_len` from `/v1/models` (vLLM), None when the server does not say."""
+    returns_token_ids: bool | None = None
+    """Whether a request with tools came back with prompt and completion token ids (None: not
+    asked). Without them episodes still run, but a trainer has no sampled ids to read."""
 
 
 def api_key_from_environment() -> str | None:
@@ -200,11 +204,18 @@ class OpenAIPolicy(ChatPolicy):
         return self.model
 
     def check(self) -> ServedModel:
-        """`check_served_model`, and the context window it reports is used from then on."""
+        """Before any episode: `check_served_model`, then one request with the tools declared
+        and a one-token completion, so a server started without tool calling fails here, in
+        one line, rather than in every episode. The context window `/v1/models` reports is
+        used from then on."""
         served = check_served_model(self.base_url, self.model)
         if self.context_tokens is None:
             self.context_tokens = served.context_tokens
-        return served
+        probe = self.request_body([{"role": "user", "content": "ping"}], seed=0, max_tokens=1)
+        turn = self._turn(self._post(probe))
+        return dataclasses.replace(
+            served, returns_token_ids=bool(turn.prompt_token_ids and turn.completion_token_ids)
+        )
 
     def _client(self) -> httpx.Client:
         with self._http_lock:  # episodes in flight share one connection pool

@@ -6,8 +6,9 @@
 
 `parse_policy_spec` reads one into a frozen `PolicySpec` (a malformed one raises
 `PolicySpecError`, exit 2); `check_policy_spec` confirms before any episode that the server
-answers and serves the model (unreachable: exit 3; model not served: exit 2, naming the models it
-serves) or that the directory holds what a chat model needs; `policy_from_spec` builds the policy.
+answers, serves the model (unreachable: exit 3; model not served: exit 2, naming the models it
+serves) and accepts tools (`OpenAIPolicy.check`), or that the directory holds what a chat model
+needs; `policy_from_spec` builds the policy.
 """
 
 from __future__ import annotations
@@ -128,10 +129,14 @@ def _has_chat_template(where: Path) -> bool:
 def check_policy_spec(spec: PolicySpec) -> None:
     """Confirm, before any episode, that the policy a spec names can act (see module doc)."""
     if spec.kind == "openai":
-        from training.lm.openai_policy import check_served_model
+        from training.lm.openai_policy import OpenAIPolicy
 
         assert spec.base_url is not None and spec.model is not None
-        check_served_model(spec.base_url, spec.model)
+        policy = OpenAIPolicy(spec.base_url, spec.model)
+        try:
+            policy.check()
+        finally:
+            policy.close()
     elif spec.kind == "hf":
         assert spec.model_dir is not None
         check_model_dir(spec.model_dir)
