@@ -82,8 +82,9 @@ NO_TOOL_CALL = (
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class SamplingParams:
-    """How a chat policy samples; recorded with every episode."""
+class ChatSampling:
+    """How a chat policy samples every turn; recorded with every episode. Each request's seed
+    comes from the episode's (`ChatPolicy.request_seed`), so it is not a field here."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -111,6 +112,9 @@ class ChatTurn:
     completion_token_ids: tuple[int, ...] = ()
     completion_logprobs: tuple[float, ...] = ()
     finish_reason: str | None = None
+    format_problems: tuple[str, ...] = ()
+    """What is wrong with tool-call blocks that did not parse, when the backend says (the
+    `hf:` generator does; a server folds such a reply into plain content)."""
 
 
 def completion_budget(
@@ -159,6 +163,10 @@ def decision_from_turn(turn: ChatTurn, *, call_id_prefix: str) -> Decision:
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if sent_calls:
         message["tool_calls"] = sent_calls
+    elif turn.format_problems:
+        problems = "; ".join(turn.format_problems)
+        error = f"Your tool call could not be read ({problems}). {NO_TOOL_CALL}"
+        actions.append(InvalidCall("", str(content or ""), error))
     else:
         actions.append(InvalidCall("", str(content or ""), NO_TOOL_CALL))
     record = ChatRecord(
@@ -177,7 +185,7 @@ class ChatPolicy(Policy):
     """A language model acting through tool calls; subclasses say how a request is answered
     (`openai:` over HTTP, `hf:` in-process) and check the context window their own way."""
 
-    def __init__(self, sampling: SamplingParams, *, min_completion_tokens: int = 16) -> None:
+    def __init__(self, sampling: ChatSampling, *, min_completion_tokens: int = 16) -> None:
         self.sampling = sampling
         self.min_completion_tokens = min_completion_tokens
         self._seed: int | None = None

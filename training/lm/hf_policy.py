@@ -13,16 +13,17 @@ import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from training.errors import ContextExhaustedError
 from training.lm.conversation import (
     TOOL_SCHEMAS,
     ChatPolicy,
     ChatTurn,
-    SamplingParams,
+    ChatSampling,
     completion_budget,
 )
 
 if TYPE_CHECKING:
-    from training.lm.generate import LocalGenerator
+    from training.lm.generate import Completion, LocalGenerator
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin")
 
@@ -67,10 +68,10 @@ class HFPolicy(ChatPolicy):
         self,
         model_dir: str | Path,
         *,
-        sampling: SamplingParams | None = None,
+        sampling: ChatSampling | None = None,
         min_completion_tokens: int = 16,
     ) -> None:
-        super().__init__(sampling or SamplingParams(), min_completion_tokens=min_completion_tokens)
+        super().__init__(sampling or ChatSampling(), min_completion_tokens=min_completion_tokens)
         self.model_dir = str(model_dir)
 
     @property
@@ -85,28 +86,58 @@ class HFPolicy(ChatPolicy):
         return _load_generator(str(Path(self.model_dir).resolve()), weights_digest(self.model_dir))
 
     def complete(self, messages: list[dict[str, Any]], *, seed: int | None) -> ChatTurn:
+        from training.errors import ContextLengthError
+        from training.lm.generate import SamplingParams as GenerationSampling
+
         generator = self.generator()
-        tools = list(TOOL_SCHEMAS)
-        prompt_tokens = generator.count_prompt_tokens(messages, tools)
+        try:
+            # Tokenized once, by the model's own template: its length is the exact prompt
+            # length, and the same ids go to the model (token in).
+            prompt_ids = generator.prompt(messages, list(TOOL_SCHEMAS)).token_ids
+        except ContextLengthError as error:  # not one token of room left
+            raise ContextExhaustedError(
+                str(error), error.prompt_tokens, error.max_context_tokens
+            ) from None
         max_tokens = completion_budget(
-            prompt_tokens,
-            generator.context_tokens,
+            len(prompt_ids),
+            generator.max_context_tokens,
             max_tokens=self.sampling.max_tokens,
             min_tokens=self.min_completion_tokens,
         )
-        completion = generator.generate(
-            messages,
-            tools,
+        sampling = GenerationSampling(
             temperature=self.sampling.temperature,
             top_p=self.sampling.top_p,
-            max_new_tokens=max_tokens,
+            max_tokens=max_tokens,
             seed=seed,
+        )
+        (completion,) = generator.generate_batch(
+            [generator.prompt_from_token_ids(prompt_ids, sampling)]
         )
         return ChatTurn(
             model=self.model_name,
-            message=completion.message(),
-            prompt_token_ids=tuple(completion.prompt_token_ids),
-            completion_token_ids=tuple(completion.completion_token_ids),
-            completion_logprobs=tuple(completion.logprobs),
+            message=_message(completion),
+            prompt_token_ids=completion.prompt_token_ids,
+            completion_token_ids=completion.token_ids,
+            completion_logprobs=completion.logprobs,
             finish_reason=completion.finish_reason,
+            format_problems=tuple(m.error for m in completion.malformed_tool_calls),
         )
+
+
+def _message(completion: Completion) -> dict[str, Any]:
+    """The reply as an OpenAI assistant message, read as vLLM's hermes parser reads it: when a
+    tool-call block does not parse, the whole text is content and no call is taken."""
+    if completion.tool_calls and not completion.malformed_tool_calls:
+        return {
+            "role": "assistant",
+            "content": completion.content,
+            "tool_calls": [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                }
+                for call in completion.tool_calls
+            ],
+        }
+    return {"role": "assistant", "content": completion.text}

@@ -32,7 +32,7 @@ from training.lm.conversation import (
     TOOL_SCHEMAS,
     ChatPolicy,
     ChatTurn,
-    SamplingParams,
+    ChatSampling,
     completion_budget,
 )
 
@@ -179,11 +179,11 @@ class OpenAIPolicy(ChatPolicy):
         base_url: str,
         model: str,
         *,
-        sampling: SamplingParams | None = None,
+        sampling: ChatSampling | None = None,
         client: ClientSettings | None = None,
         version: str | None = None,
     ) -> None:
-        super().__init__(sampling or SamplingParams())
+        super().__init__(sampling or ChatSampling())
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.client_settings = client or ClientSettings()
