@@ -17,8 +17,8 @@ from training.errors import ContextExhaustedError
 from training.lm.conversation import (
     TOOL_SCHEMAS,
     ChatPolicy,
-    ChatTurn,
     ChatSampling,
+    ChatTurn,
     completion_budget,
 )
 

@@ -31,8 +31,8 @@ from training.errors import (
 from training.lm.conversation import (
     TOOL_SCHEMAS,
     ChatPolicy,
-    ChatTurn,
     ChatSampling,
+    ChatTurn,
     completion_budget,
 )
 
