@@ -163,12 +163,12 @@ def decision_from_turn(turn: ChatTurn, *, call_id_prefix: str) -> Decision:
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if sent_calls:
         message["tool_calls"] = sent_calls
-    elif turn.format_problems:
-        problems = "; ".join(turn.format_problems)
-        error = f"Your tool call could not be read ({problems}). {NO_TOOL_CALL}"
-        actions.append(InvalidCall("", str(content or ""), error))
     else:
-        actions.append(InvalidCall("", str(content or ""), NO_TOOL_CALL))
+        explained = NO_TOOL_CALL
+        if turn.format_problems:
+            problems = "; ".join(turn.format_problems)
+            explained = f"Your tool call could not be read ({problems}). {NO_TOOL_CALL}"
+        actions.append(InvalidCall("", str(content or ""), explained))
     record = ChatRecord(
         model=turn.model,
         prompt_token_ids=turn.prompt_token_ids,
