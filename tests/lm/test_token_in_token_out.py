@@ -20,13 +20,18 @@ from tasks_lib.loader import load_task
 from tasks_lib.model import Task
 from training.actions import History, InvalidCall, action_arguments, history_messages
 from training.episode import EpisodeConfig, run_episode
-from training.lm.conversation import SYSTEM_PROMPT, TOOL_SCHEMAS
+from training.lm.conversation import SYSTEM_PROMPT, TOOL_SCHEMAS, ChatSampling
 from training.lm.generate import parse_tool_calls
 from training.lm.hf_policy import HFPolicy
 from training.lm.spec import policy_from_spec
 from training.lm.tokens import stored_turns, training_sequences, trajectory_turns
 from training.policy import ChatRecord, Policy
 from training.trajectory import EpisodeKey, Trajectory
+
+
+SAMPLING = ChatSampling(temperature=1.0, top_p=1.0, max_tokens=160)
+"""Temperature 1 and the whole distribution: the sampler's logprobs are the model's own, which a
+forward pass recomputes. 160 tokens hold any of the tiny model's tool calls."""
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +131,7 @@ def check_token_in_token_out(trajectory: Trajectory, rows: list[Any], model_dir:
 def test_a_served_models_episode_stores_the_sampled_ids(
     lm_server: Any, demo_task: Task, tmp_path: Path
 ) -> None:
-    policy = policy_from_spec(f"openai:{lm_server.base_url}#{lm_server.model}")
+    policy = policy_from_spec(f"openai:{lm_server.base_url}#{lm_server.model}", sampling=SAMPLING)
     trajectory, rows = roll_out_and_store(policy, demo_task, tmp_path / "store")
     assert trajectory.policy is not None and trajectory.policy.model == lm_server.model
     check_token_in_token_out(trajectory, rows, lm_server.model_dir)
@@ -135,7 +140,7 @@ def test_a_served_models_episode_stores_the_sampled_ids(
 def test_an_in_process_models_episode_stores_the_sampled_ids(
     tiny_model_dir: Path, demo_task: Task, tmp_path: Path
 ) -> None:
-    policy = policy_from_spec(f"hf:{tiny_model_dir}")
+    policy = policy_from_spec(f"hf:{tiny_model_dir}", sampling=SAMPLING)
     assert isinstance(policy, HFPolicy)
     trajectory, rows = roll_out_and_store(policy, demo_task, tmp_path / "store")
     assert trajectory.policy is not None and trajectory.policy.kind == "hf"

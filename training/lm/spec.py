@@ -20,6 +20,7 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 from training.errors import PolicySpecError
+from training.lm.conversation import ChatSampling
 from training.policy import Policy
 
 PolicyKind = Literal["builtin", "openai", "hf"]
@@ -142,16 +143,19 @@ def check_policy_spec(spec: PolicySpec) -> None:
         check_model_dir(spec.model_dir)
 
 
-def policy_from_spec(spec: PolicySpec | str, *, check: bool = True) -> Policy:
-    """The policy a spec names, with default sampling; `check` runs `check_policy_spec` first
-    (an `openai:` policy then also takes its context window from the server)."""
+def policy_from_spec(
+    spec: PolicySpec | str, *, sampling: ChatSampling | None = None, check: bool = True
+) -> Policy:
+    """The policy a spec names; `sampling` applies to chat policies (default `ChatSampling()`).
+    `check` runs `check_policy_spec` first (an `openai:` policy then also takes its context
+    window from the server)."""
     if isinstance(spec, str):
         spec = parse_policy_spec(spec)
     if spec.kind == "openai":
         from training.lm.openai_policy import OpenAIPolicy
 
         assert spec.base_url is not None and spec.model is not None
-        policy = OpenAIPolicy(spec.base_url, spec.model)
+        policy = OpenAIPolicy(spec.base_url, spec.model, sampling=sampling)
         if check:
             policy.check()
         return policy
@@ -161,7 +165,7 @@ def policy_from_spec(spec: PolicySpec | str, *, check: bool = True) -> Policy:
         assert spec.model_dir is not None
         if check:
             check_model_dir(spec.model_dir)
-        return HFPolicy(spec.model_dir)
+        return HFPolicy(spec.model_dir, sampling=sampling)
     from training import CandidateScorerPolicy
 
     return CandidateScorerPolicy()
