@@ -128,6 +128,7 @@ def check_token_in_token_out(trajectory: Trajectory, rows: list[Any], model_dir:
     assert sampled == sum(len(t.completion_token_ids) for t in turns)
 
 
+@pytest.mark.slow  # a multi-turn episode of the tiny model plus its verification: minutes on 2 cores
 def test_a_served_models_episode_stores_the_sampled_ids(
     lm_server: Any, demo_task: Task, tmp_path: Path
 ) -> None:
@@ -137,6 +138,7 @@ def test_a_served_models_episode_stores_the_sampled_ids(
     check_token_in_token_out(trajectory, rows, lm_server.model_dir)
 
 
+@pytest.mark.slow  # as above, generated in this process
 def test_an_in_process_models_episode_stores_the_sampled_ids(
     tiny_model_dir: Path, demo_task: Task, tmp_path: Path
 ) -> None:
