@@ -80,3 +80,27 @@ class TrainerError(TrainingError):
 
 class EnvLifecycleError(TrainingError, RuntimeError):
     """A Gymnasium environment method was called out of order (step before reset, after close)."""
+
+
+class LanguageModelError(TrainingError):
+    """A language model could not be built, loaded or asked to generate."""
+
+
+class ModelDirError(LanguageModelError, ValueError):
+    """A directory is not a usable Hugging Face causal-LM directory (missing config, weights,
+    tokenizer or chat template), or its model is not a causal LM."""
+
+
+class ContextLengthError(LanguageModelError, ValueError):
+    """A prompt (plus the tokens asked for) does not fit the model's context window.
+
+    Raised before any token is generated, so nothing is spent on a request that cannot finish."""
+
+    def __init__(self, message: str, prompt_tokens: int, max_context_tokens: int) -> None:
+        super().__init__(message, prompt_tokens, max_context_tokens)
+        self.message = message
+        self.prompt_tokens = prompt_tokens
+        self.max_context_tokens = max_context_tokens
+
+    def __str__(self) -> str:
+        return self.message
