@@ -15,7 +15,7 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
-from training.chat_policy import TOOL_SCHEMAS
+from training.lm.conversation import TOOL_SCHEMAS
 from training.lm.tiny import tool_call_transcripts
 
 if TYPE_CHECKING:

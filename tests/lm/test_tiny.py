@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from training.chat_policy import SYSTEM_PROMPT, TOOL_SCHEMAS
 from training.errors import ModelDirError
+from training.lm.conversation import SYSTEM_PROMPT, TOOL_SCHEMAS
 from training.lm.generate import LocalGenerator, SamplingParams, parse_tool_calls
 from training.lm.tiny import (
     IM_END,

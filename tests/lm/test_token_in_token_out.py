@@ -28,7 +28,6 @@ from training.lm.tokens import stored_turns, training_sequences, trajectory_turn
 from training.policy import ChatRecord, Policy
 from training.trajectory import EpisodeKey, Trajectory
 
-
 SAMPLING = ChatSampling(temperature=1.0, top_p=1.0, max_tokens=160)
 """Temperature 1 and the whole distribution: the sampler's logprobs are the model's own, which a
 forward pass recomputes. 160 tokens hold any of the tiny model's tool calls."""
