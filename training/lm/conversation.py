@@ -33,7 +33,8 @@ SYSTEM_PROMPT = (
 )
 
 
-def _function(name: str, description: str, **properties: str) -> dict[str, Any]:
+def _function(name: str, description: str, *parameters: str) -> dict[str, Any]:
+    # Parameter names say what they are; descriptions of them would only lengthen every prompt.
     return {
         "type": "function",
         "function": {
@@ -41,10 +42,8 @@ def _function(name: str, description: str, **properties: str) -> dict[str, Any]:
             "description": description,
             "parameters": {
                 "type": "object",
-                "properties": {
-                    key: {"type": "string", "description": text} for key, text in properties.items()
-                },
-                "required": list(properties),
+                "properties": {parameter: {"type": "string"} for parameter in parameters},
+                "required": list(parameters),
             },
         },
     }
@@ -53,23 +52,18 @@ def _function(name: str, description: str, **properties: str) -> dict[str, Any]:
 TOOL_SCHEMAS: tuple[dict[str, Any], ...] = (
     _function(
         "run_command",
-        "Run a shell command in the workspace (/bin/sh -c) and see its output and exit code.",
-        command="The command line.",
+        "Run a shell command in the workspace and see its output and exit code.",
+        "command",
     ),
-    _function(
-        "read_file",
-        "Read a file of the workspace.",
-        path="Path relative to the workspace.",
-    ),
+    _function("read_file", "Read a file of the workspace (path relative to it).", "path"),
     _function(
         "edit_file",
-        "Replace the single occurrence of old_text in a file with new_text; nothing changes "
-        "unless old_text occurs exactly once.",
-        path="Path relative to the workspace.",
-        old_text="The exact text to replace.",
-        new_text="The text to put in its place.",
+        "Replace the single occurrence of old_text in a file with new_text.",
+        "path",
+        "old_text",
+        "new_text",
     ),
-    _function("submit", "Declare the task done; the tests then judge the workspace."),
+    _function("submit", "Declare the task done."),
 )
 """The tools every chat policy is offered, as OpenAI function-tool JSON schemas."""
 assert tuple(schema["function"]["name"] for schema in TOOL_SCHEMAS) == TOOL_NAMES
