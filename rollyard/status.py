@@ -20,16 +20,34 @@ class EpisodeStatus(enum.StrEnum):
     """A budget the policy spent ran out (the episode's wall clock, or a test run's time or
     memory limit inside the verifier): the policy's doing, so the workspace is still scored."""
     POLICY_ERROR = "policy_error"
-    """The policy raised (its model crashed, its endpoint stayed down after retries)."""
+    """The policy raised (its model crashed, its server rejected a request or answered
+    something that is not a chat completion)."""
     INFRA_ERROR = "infra_error"
-    """The sandbox failed underneath the episode (reset, execute, read, write)."""
+    """The sandbox failed underneath the episode (reset, execute, read, write), or the policy's
+    model server stopped answering (unreachable, 5xx or 429 after every retry): the recovery
+    path runs such an episode again."""
     VERIFIER_ERROR = "verifier_error"
     """The verifier crashed or could not produce a verdict (no report, no reward file)."""
     TASK_ERROR = "task_error"
     """The verifier judged the task itself broken (its tests do not run as declared)."""
+    FORMAT_ERROR = "format_error"
+    """A language-model policy sent more replies without a usable tool call than its format
+    budget allows (`EpisodeConfig.max_format_errors`): the policy's doing, so the workspace is
+    still scored and the episode trains (it is how a model learns to call its tools)."""
+    CONTEXT_EXHAUSTED = "context_exhausted"
+    """The conversation no longer fit the model's context window (prompt plus the least
+    completion worth asking for): a budget the policy spent, like `timeout`, so the workspace is
+    still scored and the episode trains."""
 
 
-TRAINABLE_STATUSES: frozenset[EpisodeStatus] = frozenset({EpisodeStatus.OK, EpisodeStatus.TIMEOUT})
+TRAINABLE_STATUSES: frozenset[EpisodeStatus] = frozenset(
+    {
+        EpisodeStatus.OK,
+        EpisodeStatus.TIMEOUT,
+        EpisodeStatus.FORMAT_ERROR,
+        EpisodeStatus.CONTEXT_EXHAUSTED,
+    }
+)
 """Statuses whose reward judges the policy: they must carry a finite reward."""
 
 INFRASTRUCTURE_STATUSES: frozenset[EpisodeStatus] = frozenset(EpisodeStatus) - TRAINABLE_STATUSES

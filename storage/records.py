@@ -71,6 +71,9 @@ class EpisodeRecord:
     verify_s: float | None = None
     worker: str | None = None
     error: str | None = None
+    policy_kind: str | None = None
+    policy_model: str | None = None
+    sampling: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +89,11 @@ class StepRecord:
     duration_s: float | None = None
     token_ids: tuple[int, ...] | None = None
     logprobs: tuple[float, ...] | None = None
+    turn: int | None = None
+    tool_call_id: str | None = None
+    prompt_token_ids: tuple[int, ...] | None = None
+    finish_reason: str | None = None
+    reply_message: str | None = None
     # Filled by the store from the observation before it is capped.
     observation_chars: int | None = field(default=None)
 

@@ -11,7 +11,12 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+from rollyard.status import ALL_STATUSES
+
+# v2: episodes record what acted (policy_kind, policy_model, sampling); steps record a language
+# model's turns token in / token out (turn, tool_call_id, prompt_token_ids, finish_reason,
+# reply_message). A v1 table lacks these columns and is refused on open (see `_check_schema`).
+SCHEMA_VERSION = 2
 
 # Observations can be megabytes (a `cat` of a log); the store keeps the head and the original length
 # so queries stay fast and the cut is visible.
@@ -63,6 +68,11 @@ EPISODES = TableSpec(
             _f("sample_index", pa.int32(), False),
             _f("attempt", pa.int32(), False),
             _f("policy_version", pa.string(), False),
+            # What acted: "builtin", "openai", "hf", ...; the model's name (a served model id, a
+            # model directory's name); the sampling parameters as JSON.
+            _f("policy_kind", pa.string()),
+            _f("policy_model", pa.string()),
+            _f("sampling", pa.string()),
             # Async mode: updates the trainer is ahead of policy_version when it consumes this
             # episode (0 in sync mode; bounded by the run's max_policy_lag).
             _f("policy_lag", pa.int32()),
@@ -111,8 +121,19 @@ STEPS = TableSpec(
             _f("observation_chars", pa.int64()),
             _f("exit_code", pa.int32()),
             _f("duration_s", pa.float64()),
+            # Which policy decision the action came from: a language model's reply with several
+            # tool calls makes several rows of one turn. The turn's tokens go on its first row.
+            _f("turn", pa.int32()),
+            _f("tool_call_id", pa.string()),
+            # A language model's turn, token in / token out: the exact prompt ids it read, the ids
+            # it sampled (token_ids) and the sampler's logprob of each; the built-in policy's
+            # choice logprob is one value in logprobs. A trainer reads these, never re-tokenizes.
+            _f("prompt_token_ids", pa.list_(pa.int32())),
             _f("token_ids", pa.list_(pa.int32())),
             _f("logprobs", pa.list_(pa.float32())),
+            _f("finish_reason", pa.string()),
+            # The model's reply as it sent it (OpenAI assistant message JSON).
+            _f("reply_message", pa.string()),
         ]
     ),
 )

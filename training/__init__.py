@@ -100,4 +100,4 @@ __all__ = [
     "verify_agent_sandbox",
 ]
 # The chat policy (httpx), the Gymnasium environment and export (pyarrow) are imported from
-# their modules: training.chat_policy, training.gym_env, training.export.
+# their modules: training.lm (spec, openai_policy, hf_policy), training.gym_env, training.export.

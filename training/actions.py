@@ -71,7 +71,20 @@ class Submit:
     tool = "submit"
 
 
-Action = RunCommand | ReadFile | EditFile | TryEdit | Submit
+@dataclasses.dataclass(frozen=True, slots=True)
+class InvalidCall:
+    """What a language model sent where a tool call belongs and that is none: a reply without any
+    tool call (`name` empty, `arguments` the reply's text), or a call naming an unknown tool or
+    carrying unreadable arguments. Carrying it out changes nothing; its observation is `error`,
+    which says how to call a tool instead, so the model can correct itself."""
+
+    name: str
+    arguments: str
+    error: str
+    tool = "invalid_call"
+
+
+Action = RunCommand | ReadFile | EditFile | TryEdit | Submit | InvalidCall
 
 TOOL_NAMES = ("run_command", "read_file", "edit_file", "submit")
 """The primitive tools every policy speaks (the tools a chat model is offered)."""
@@ -121,6 +134,12 @@ class Turn:
 
     action: Action
     observation: Observation
+    call_id: str | None = None
+    """The id a language model gave the tool call; its observation goes back under this id."""
+    reply_message: str | None = None
+    """On the first action of a language model's reply: the reply as the model sent it (an
+    OpenAI assistant message as JSON), so the next prompt repeats the model's own words. None on
+    the reply's other actions, and for policies that are not chat models."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -130,8 +149,16 @@ class History:
     instruction: str
     turns: tuple[Turn, ...] = ()
 
-    def append(self, action: Action, observation: Observation) -> History:
-        return History(self.instruction, (*self.turns, Turn(action, observation)))
+    def append(
+        self,
+        action: Action,
+        observation: Observation,
+        *,
+        call_id: str | None = None,
+        reply_message: str | None = None,
+    ) -> History:
+        turn = Turn(action, observation, call_id, reply_message)
+        return History(self.instruction, (*self.turns, turn))
 
     @property
     def step_count(self) -> int:
@@ -160,6 +187,8 @@ def action_arguments(action: Action) -> dict[str, Any]:
             }
         case Submit():
             return {}
+        case InvalidCall(name=name, arguments=arguments, error=error):
+            return {"name": name, "arguments": arguments, "error": error}
 
 
 def action_from_tool_call(name: str, arguments: str | dict[str, Any]) -> Action:
@@ -230,45 +259,75 @@ def action_from_json(text: str) -> Action:
             f"got {text[:80]!r}"
         )
     tool = parsed.pop("tool")
+    if tool == InvalidCall.tool:  # a stored step; no model can call it
+        return InvalidCall(
+            str(parsed.get("name", "")), str(parsed.get("arguments", "")), str(parsed.get("error"))
+        )
     return action_from_tool_call(tool, parsed)
 
 
-def cap_text(text: str, max_chars: int) -> tuple[str, bool]:
-    """Keep the head and tail of `text` within `max_chars`; the tail holds pytest's summary and
-    the last traceback frames, the head the first failure, so both are worth keeping."""
-    if len(text) <= max_chars:
+def cap_text(text: str, max_bytes: int) -> tuple[str, bool]:
+    """Keep the head and tail of `text` within `max_bytes` of UTF-8, with a marker between them
+    saying how many bytes were cut; returns the text and whether it was cut.
+
+    The tail holds pytest's summary and the last traceback frames, the head the first failure,
+    so both are worth keeping. The budget is in bytes because that is what bounds a model's
+    prompt (a token is at least one byte for byte-level tokenizers) and the store's row size;
+    cuts fall on character boundaries, so the result is valid text."""
+    data = text.encode("utf-8")
+    if len(data) <= max_bytes:
         return text, False
-    marker = f"\n[... {len(text) - max_chars} characters cut ...]\n"
-    keep = max(0, max_chars - len(marker))
-    head = keep // 2
-    return text[:head] + marker + text[len(text) - (keep - head) :], True
+    marker = f"\n[... {len(data) - max_bytes} bytes cut ...]\n"
+    keep = max(0, max_bytes - len(marker.encode()))
+    head_bytes = keep // 2
+    head = data[:head_bytes].decode("utf-8", errors="ignore")
+    tail_bytes = keep - len(head.encode())
+    tail = data[len(data) - tail_bytes :].decode("utf-8", errors="ignore") if tail_bytes else ""
+    capped = head + marker + tail
+    if len(capped.encode()) > max_bytes:  # a budget smaller than the marker itself
+        capped = data[:max_bytes].decode("utf-8", errors="ignore")
+    return capped, True
 
 
 def history_messages(history: History, *, system_prompt: str | None = None) -> list[dict[str, Any]]:
     """The history as OpenAI chat messages: system, the instruction as the user's message, then
-    per turn an assistant tool call and the tool's answer. Used to prompt chat models and to
-    export batches for external trainers, so both see the same conversation."""
+    the turns. Used to prompt chat models and to export batches, so both see one conversation.
+
+    A language model's reply goes back exactly as it sent it (`Turn.reply_message`), and each of
+    its tool calls is answered by a `tool` message under the call's id; a reply without any tool
+    call is answered by a `user` message (there is no call id to answer under). Turns of other
+    policies are rendered as one assistant tool call each, ids `call_<index>`."""
     messages: list[dict[str, Any]] = []
     if system_prompt:
         messages.append({"role": "system", "content": system_prompt})
     messages.append({"role": "user", "content": history.instruction})
     for index, turn in enumerate(history.turns):
-        call_id = f"call_{index}"
-        messages.append(
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": call_id,
-                        "type": "function",
-                        "function": {
-                            "name": turn.action.tool,
-                            "arguments": json.dumps(action_arguments(turn.action)),
-                        },
-                    }
-                ],
-            }
-        )
-        messages.append({"role": "tool", "tool_call_id": call_id, "content": turn.observation.text})
+        if turn.reply_message is not None:
+            reply = json.loads(turn.reply_message)
+            messages.append({"role": "assistant", **reply})
+        call_id = turn.call_id
+        if call_id is None and turn.reply_message is None:
+            call_id = f"call_{index}"
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": call_id,
+                            "type": "function",
+                            "function": {
+                                "name": turn.action.tool,
+                                "arguments": json.dumps(action_arguments(turn.action)),
+                            },
+                        }
+                    ],
+                }
+            )
+        if call_id is None:
+            messages.append({"role": "user", "content": turn.observation.text})
+        else:
+            messages.append(
+                {"role": "tool", "tool_call_id": call_id, "content": turn.observation.text}
+            )
     return messages

@@ -1,8 +1,10 @@
 """The episode runner: a policy acts step by step in a sandbox, then the verifier scores the result.
 
-`run_episode` resets the sandbox to the task snapshot, asks the policy for actions until it
-submits or a budget ends the episode (max steps, per-step and per-episode wall clock), records
-every step, and hands the workspace to the verifier — which never trusts the agent's sandbox: it
+`run_episode` resets the sandbox to the task snapshot, asks the policy for decisions until it
+submits or a budget ends the episode (max steps, per-step and per-episode wall clock, a language
+model's format-error budget and context window), carries out every action of each decision in
+order (a chat model's parallel tool calls), records every step, and hands the workspace to the
+verifier — which never trusts the agent's sandbox: it
 rebuilds the candidate from the sandbox's diff in a fresh one. Every way an episode can end has
 a status (`rollyard.status.EpisodeStatus`); nothing raises out of it but programming errors,
 so one broken episode cannot take down a batch of hundreds on a Dask worker.
@@ -24,6 +26,7 @@ from training.actions import (
     Action,
     EditFile,
     History,
+    InvalidCall,
     Observation,
     ReadFile,
     RunCommand,
@@ -32,7 +35,8 @@ from training.actions import (
     cap_text,
     failing_test_count,
 )
-from training.policy import Policy
+from training.errors import ContextExhaustedError, PolicyUnavailableError
+from training.policy import ChatRecord, Policy
 from training.trajectory import EpisodeKey, Step, Trajectory
 
 
@@ -47,8 +51,13 @@ class EpisodeConfig:
     episode_timeout_s: float | None = None
     """Wall-clock budget of the acting part of the episode; None uses the task's
     `agent_timeout_s`. Verification has its own budget (the task's `verify_timeout_s`)."""
-    observation_max_chars: int = 6000
-    """Observation text kept per step (head and tail), for the policy and the store."""
+    observation_max_bytes: int = 6000
+    """UTF-8 bytes of observation text kept per step, head and tail with a marker between them
+    saying how much was cut (`training.actions.cap_text`); for the policy and the store."""
+    max_format_errors: int = 2
+    """Replies without a usable tool call a language model may send (each answered with an
+    observation saying how to call a tool); the next one ends the episode with the trainable
+    `format_error` status, the workspace still verified. Never taken as a silent submit."""
     seed: int = 0
     """Base seed; each episode's sampling seed mixes it with the episode id."""
 
@@ -147,7 +156,7 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"[:2000]
 
 
-def _command_observation(result: ExecResult, max_chars: int) -> Observation:
+def _command_observation(result: ExecResult, max_bytes: int) -> Observation:
     parts = []
     if result.stdout:
         parts.append(result.stdout)
@@ -158,12 +167,12 @@ def _command_observation(result: ExecResult, max_chars: int) -> Observation:
     if result.oom_killed:
         parts.append("[a process of the command was killed: out of memory]")
     parts.append(f"[exit code {result.exit_code}]")
-    text, cut = cap_text("\n".join(parts), max_chars)
+    text, cut = cap_text("\n".join(parts), max_bytes)
     return Observation(text, result.exit_code, cut or result.output_truncated)
 
 
 def apply_action(
-    sandbox: Sandbox, action: Action, *, timeout_s: float, max_chars: int
+    sandbox: Sandbox, action: Action, *, timeout_s: float, max_bytes: int
 ) -> tuple[Observation, bool]:
     """Carry out one action in the sandbox; returns the observation and whether it timed out.
 
@@ -172,21 +181,24 @@ def apply_action(
     match action:
         case RunCommand(command=command):
             result = sandbox.execute(command, timeout_s=timeout_s)
-            return _command_observation(result, max_chars), result.timed_out
+            return _command_observation(result, max_bytes), result.timed_out
         case ReadFile(path=path):
             try:
                 data = sandbox.read_file(path)
             except (OSError, WorkspacePathError) as error:
                 return Observation(f"cannot read {path!r}: {error}", 1), False
-            text, cut = cap_text(data.decode("utf-8", errors="replace"), max_chars)
+            text, cut = cap_text(data.decode("utf-8", errors="replace"), max_bytes)
             return Observation(text, 0, cut), False
         case EditFile(path=path, old_text=old_text, new_text=new_text):
             observation, _ = _edit(sandbox, path, old_text, new_text)
             return observation, False
         case TryEdit():
-            return _try_edit(sandbox, action, timeout_s=timeout_s, max_chars=max_chars)
+            return _try_edit(sandbox, action, timeout_s=timeout_s, max_bytes=max_bytes)
         case Submit():
             return Observation("submitted", 0), False
+        case InvalidCall(error=error):
+            text, cut = cap_text(error, max_bytes)
+            return Observation(text, None, cut), False
 
 
 def _edit(
@@ -214,7 +226,7 @@ def _edit(
 
 
 def _try_edit(
-    sandbox: Sandbox, action: TryEdit, *, timeout_s: float, max_chars: int
+    sandbox: Sandbox, action: TryEdit, *, timeout_s: float, max_bytes: int
 ) -> tuple[Observation, bool]:
     """Edit, run the tests, keep the edit only if fewer tests fail (`TryEdit`)."""
     edited, before = _edit(sandbox, action.path, action.old_text, action.new_text)
@@ -231,8 +243,120 @@ def _try_edit(
         verdict = (
             f"{TRIAL_REVERTED}: {shown} failing tests, not fewer than {action.failing_before}]"
         )
-    run, timed_out = _command_observation(result, max_chars - len(verdict) - 1), result.timed_out
+    run = _command_observation(result, max_bytes - len(verdict.encode()) - 1)
+    timed_out = result.timed_out
     return Observation(f"{run.text}\n{verdict}", result.exit_code, run.truncated), timed_out
+
+
+
+@dataclasses.dataclass(slots=True)
+class _Acting:
+    """What the acting part of an episode came to, filled in as it goes."""
+
+    status: EpisodeStatus = EpisodeStatus.OK
+    error: str | None = None
+    terminated: bool = False
+    truncated: bool = False
+    policy_s: float = 0.0
+    sandbox_s: float = 0.0
+
+    def end(
+        self,
+        status: EpisodeStatus,
+        error: str | None = None,
+        *,
+        terminated: bool = False,
+        truncated: bool = False,
+    ) -> _Acting:
+        self.status, self.error = status, error
+        self.terminated, self.truncated = terminated, truncated
+        return self
+
+
+def _act(
+    task: Task,
+    policy: Policy,
+    sandbox: Sandbox,
+    config: EpisodeConfig,
+    steps: list[Step],
+    *,
+    budget_s: float,
+    start: float,
+) -> _Acting:
+    """The acting part of an episode: decisions until a submit or a budget ends it, each of a
+    decision's actions carried out in order and appended to `steps`."""
+    history = History(task.instruction)
+    acting = _Acting()
+    format_errors = 0
+    turn = 0
+    while len(steps) < config.max_steps:
+        if budget_s - (time.monotonic() - start) <= 0:
+            message = f"episode budget of {budget_s:.0f}s ran out after {len(steps)} steps"
+            return acting.end(EpisodeStatus.TIMEOUT, message, truncated=True)
+        choose_start = time.monotonic()
+        try:
+            decision = policy.act(history)
+        except ContextExhaustedError as failure:
+            acting.policy_s += time.monotonic() - choose_start
+            return acting.end(EpisodeStatus.CONTEXT_EXHAUSTED, str(failure), truncated=True)
+        except PolicyUnavailableError as failure:  # its server, not the policy: run it again
+            acting.policy_s += time.monotonic() - choose_start
+            return acting.end(EpisodeStatus.INFRA_ERROR, _describe(failure))
+        except Exception as failure:  # any policy failure, including its model's bugs
+            acting.policy_s += time.monotonic() - choose_start
+            return acting.end(EpisodeStatus.POLICY_ERROR, _describe(failure))
+        chose_s = time.monotonic() - choose_start
+        acting.policy_s += chose_s
+        reply = decision.record.raw_message if isinstance(decision.record, ChatRecord) else None
+        for position, action in enumerate(decision.actions):
+            if len(steps) >= config.max_steps:
+                break  # the reply's calls past the step budget are not carried out
+            first = position == 0
+            remaining_s = budget_s - (time.monotonic() - start)
+            act_start = time.monotonic()
+            try:
+                observation, timed_out = apply_action(
+                    sandbox,
+                    action,
+                    timeout_s=max(0.1, min(config.step_timeout_s, remaining_s)),
+                    max_bytes=config.observation_max_bytes,
+                )
+            except SandboxError as failure:
+                acting.sandbox_s += time.monotonic() - act_start
+                return acting.end(EpisodeStatus.INFRA_ERROR, _describe(failure))
+            acted_s = time.monotonic() - act_start
+            acting.sandbox_s += acted_s
+            call_id = decision.call_ids[position] if decision.call_ids else None
+            steps.append(
+                Step(
+                    index=len(steps),
+                    action=action,
+                    observation=observation,
+                    duration_s=acted_s,
+                    policy_s=chose_s if first else 0.0,
+                    timed_out=timed_out,
+                    logprob=decision.logprob if first else None,
+                    record=decision.record if first else None,
+                    turn=turn,
+                    call_id=call_id,
+                    reply_message=reply if first else None,
+                )
+            )
+            history = history.append(
+                action, observation, call_id=call_id, reply_message=reply if first else None
+            )
+            if isinstance(action, Submit):
+                return acting.end(EpisodeStatus.OK, terminated=True)
+        turn += 1
+        if all(isinstance(action, InvalidCall) for action in decision.actions):
+            format_errors += 1
+            if format_errors > config.max_format_errors:
+                message = (
+                    f"{format_errors} replies without a usable tool call; the budget is "
+                    f"{config.max_format_errors} (EpisodeConfig.max_format_errors)"
+                )
+                return acting.end(EpisodeStatus.FORMAT_ERROR, message, truncated=True)
+    return acting.end(EpisodeStatus.OK, truncated=True)
 
 
 def run_episode(
@@ -257,7 +381,6 @@ def run_episode(
     started_at_s = time.time()
     start = time.monotonic()
     steps: list[Step] = []
-    history = History(task.instruction)
     status = EpisodeStatus.OK
     error: str | None = None
     terminated = truncated = False
@@ -267,7 +390,7 @@ def run_episode(
     passed: bool | None = None
     fixed_fraction: float | None = None
     flags: tuple[str, ...] = ()
-    policy_version = policy.version
+    identity = policy.identity()
     snapshot_digest = ""
 
     try:
@@ -278,54 +401,10 @@ def run_episode(
 
     if status is EpisodeStatus.OK:
         policy.seed(seed)
-        for index in range(config.max_steps):
-            remaining_s = budget_s - (time.monotonic() - start)
-            if remaining_s <= 0:
-                status, truncated = EpisodeStatus.TIMEOUT, True
-                error = f"episode budget of {budget_s:.0f}s ran out after {index} steps"
-                break
-            choose_start = time.monotonic()
-            try:
-                decision = policy.act(history)
-            except Exception as failure:  # any policy failure, including its model's bugs
-                policy_s += time.monotonic() - choose_start
-                status, error = EpisodeStatus.POLICY_ERROR, _describe(failure)
-                break
-            chose_s = time.monotonic() - choose_start
-            policy_s += chose_s
-            remaining_s = budget_s - (time.monotonic() - start)
-            act_start = time.monotonic()
-            try:
-                observation, timed_out = apply_action(
-                    sandbox,
-                    decision.action,
-                    timeout_s=max(0.1, min(config.step_timeout_s, remaining_s)),
-                    max_chars=config.observation_max_chars,
-                )
-            except SandboxError as failure:
-                sandbox_s += time.monotonic() - act_start
-                status, error = EpisodeStatus.INFRA_ERROR, _describe(failure)
-                break
-            acted_s = time.monotonic() - act_start
-            sandbox_s += acted_s
-            steps.append(
-                Step(
-                    index=index,
-                    action=decision.action,
-                    observation=observation,
-                    duration_s=acted_s,
-                    policy_s=chose_s,
-                    timed_out=timed_out,
-                    logprob=decision.logprob,
-                    record=decision.record,
-                )
-            )
-            history = history.append(decision.action, observation)
-            if isinstance(decision.action, Submit):
-                terminated = True
-                break
-        else:
-            truncated = True
+        acting = _act(task, policy, sandbox, config, steps, budget_s=budget_s, start=start)
+        status, error = acting.status, acting.error
+        terminated, truncated = acting.terminated, acting.truncated
+        policy_s, sandbox_s = acting.policy_s, acting.sandbox_s
 
     if status in TRAINABLE_STATUSES:
         verify_start = time.monotonic()
@@ -348,7 +427,7 @@ def run_episode(
         instruction=task.instruction,
         snapshot_digest=snapshot_digest,
         sandbox_backend=getattr(sandbox, "backend_name", "unknown"),
-        policy_version=policy_version,
+        policy_version=identity.version,
         status=status,
         steps=tuple(steps),
         terminated=terminated,
@@ -365,4 +444,5 @@ def run_episode(
         policy_s=policy_s,
         verify_s=verify_s,
         started_at_s=started_at_s,
+        policy=identity,
     )

@@ -21,6 +21,13 @@ class TrainingSettingsError(TrainingError, ValueError):
     exit_code = EXIT_USAGE
 
 
+class PolicySpecError(TrainingError, ValueError):
+    """A policy spec (`builtin`, `openai:BASE_URL#MODEL`, `hf:DIR`) is malformed, or names a
+    model directory that lacks what a chat policy needs."""
+
+    exit_code = EXIT_USAGE
+
+
 class PolicyError(TrainingError):
     """A policy could not choose an action (its model failed, or its output could not be used).
 
@@ -28,8 +35,11 @@ class PolicyError(TrainingError):
 
 
 class PolicyServerError(PolicyError):
-    """An OpenAI-compatible endpoint failed after every retry (connection refused, timeouts,
-    HTTP 5xx/429), or answered with a body that is not a chat completion."""
+    """An OpenAI-compatible endpoint rejected a request (HTTP 4xx) or answered with a body that
+    is not a chat completion: retrying the same request would not help. Exit 2: the spec or the
+    server's settings need fixing (a wrong URL, a key, vLLM's tool-calling flags)."""
+
+    exit_code = EXIT_USAGE
 
     exit_code = EXIT_UNAVAILABLE
 
@@ -37,6 +47,33 @@ class PolicyServerError(PolicyError):
         super().__init__(message, status_code)
         self.message = message
         self.status_code = status_code
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class PolicyUnavailableError(PolicyServerError):
+    """The model server did not answer: connection refused, timeouts, HTTP 5xx or 429 after every
+    retry. The episode runner records an `infra_error`, so the recovery path runs it again."""
+
+    exit_code = EXIT_UNAVAILABLE
+
+
+class ModelNotServedError(PolicyServerError):
+    """The server answers but does not serve the model the spec names."""
+
+    exit_code = EXIT_USAGE
+
+
+class ContextExhaustedError(PolicyError):
+    """The conversation no longer fits the model's context window. The episode runner ends the
+    episode with the `context_exhausted` status and still verifies the workspace."""
+
+    def __init__(self, message: str, prompt_tokens: int | None, context_tokens: int | None) -> None:
+        super().__init__(message, prompt_tokens, context_tokens)
+        self.message = message
+        self.prompt_tokens = prompt_tokens
+        self.context_tokens = context_tokens
 
     def __str__(self) -> str:
         return self.message
@@ -58,3 +95,27 @@ class TrainerError(TrainingError):
 
 class EnvLifecycleError(TrainingError, RuntimeError):
     """A Gymnasium environment method was called out of order (step before reset, after close)."""
+
+
+class LanguageModelError(TrainingError):
+    """A language model could not be built, loaded or asked to generate."""
+
+
+class ModelDirError(LanguageModelError, ValueError):
+    """A directory is not a usable Hugging Face causal-LM directory (missing config, weights,
+    tokenizer or chat template), or its model is not a causal LM."""
+
+
+class ContextLengthError(LanguageModelError, ValueError):
+    """A prompt (plus the tokens asked for) does not fit the model's context window.
+
+    Raised before any token is generated, so nothing is spent on a request that cannot finish."""
+
+    def __init__(self, message: str, prompt_tokens: int, max_context_tokens: int) -> None:
+        super().__init__(message, prompt_tokens, max_context_tokens)
+        self.message = message
+        self.prompt_tokens = prompt_tokens
+        self.max_context_tokens = max_context_tokens
+
+    def __str__(self) -> str:
+        return self.message

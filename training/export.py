@@ -22,8 +22,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from training.actions import history_messages
-from training.chat_policy import SYSTEM_PROMPT
 from training.grpo import GRPOConfig, group_advantages, step_advantages
+from training.lm.conversation import SYSTEM_PROMPT
 from training.policy import ChatRecord
 from training.trajectory import Trajectory
 

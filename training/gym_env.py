@@ -64,7 +64,7 @@ class RollyardEnv(gym.Env[str, str]):
         self._sandbox = sandbox
         self._owns_sandbox = sandbox is None
         self._observation_max_chars = (
-            max(self.config.observation_max_chars, len(task.instruction)) + 64
+            max(self.config.observation_max_bytes, len(task.instruction)) + 64
         )
         self.observation_space = spaces.Text(
             max_length=self._observation_max_chars,
@@ -121,7 +121,7 @@ class RollyardEnv(gym.Env[str, str]):
                 sandbox,
                 parsed,
                 timeout_s=self.config.step_timeout_s,
-                max_chars=self.config.observation_max_chars,
+                max_bytes=self.config.observation_max_bytes,
             )
             text, exit_code = observation.text, observation.exit_code
         info["exit_code"] = exit_code

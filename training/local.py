@@ -31,6 +31,7 @@ from training.iteration import (
     restore_trainer,
     task_dirs_in,
 )
+from training.policy import Policy
 from training.rollout import plan_iteration, rollout_shard_and_commit
 from training.trajectory import Trajectory
 
@@ -39,7 +40,7 @@ def rollout_batch(
     task_dirs: Sequence[str | Path],
     store: TrajectoryStore,
     *,
-    policy: CandidateScorerPolicy,
+    policy: Policy,
     run_id: str,
     iteration: int,
     tasks_per_iteration: int = 4,
@@ -47,9 +48,12 @@ def rollout_batch(
     max_steps: int = 8,
     seed: int = 0,
     pool: SandboxPool | None = None,
+    max_concurrent_requests: int = 1,
 ) -> list[Trajectory]:
     """Roll out one batch (a GRPO group of `group_size` samples on each of
-    `tasks_per_iteration` sampled tasks) and commit it to the store as (run_id, iteration).
+    `tasks_per_iteration` sampled tasks) with any policy (`training.lm.spec.policy_from_spec`)
+    and commit it to the store as (run_id, iteration); `max_concurrent_requests` episodes are in
+    flight at once (see `ShardRequest`).
 
     Committing is idempotent: a batch already in the store is run again but written once."""
     requests = plan_iteration(
@@ -62,6 +66,7 @@ def rollout_batch(
         shard_count=1,
         seed=seed,
         episode_config=EpisodeConfig(max_steps=max_steps, seed=seed),
+        max_concurrent_requests=max_concurrent_requests,
     )
     own_pool = pool is None
     pool = pool or SandboxPool(limits=Limits(), max_idle_per_snapshot=1)

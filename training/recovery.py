@@ -1,7 +1,7 @@
 """Fault recovery for episodes, and the fault injection that proves it.
 
-An episode whose sandbox crashes, hangs or is OOM-killed by the host (an *infra* failure, status
-`infra_error`) is run again in a fresh sandbox: by default its recorded action prefix is replayed
+An episode whose sandbox crashes, hangs or is OOM-killed by the host, or whose policy's model
+server stops answering (an *infra* failure, status `infra_error`), is run again in a fresh sandbox: by default its recorded action prefix is replayed
 first (`replay`), so the policy continues where it was instead of starting over (`restart`).
 Attempts are recorded in the episode key. An episode that keeps failing ends as `infra_error`,
 which the trainer masks: infra failures are never a reward of 0.
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import signal
 import threading
@@ -37,7 +38,7 @@ from training.actions import History
 from training.episode import EpisodeConfig, run_episode
 from training.errors import TrainingSettingsError
 from training.policy import Decision, Policy
-from training.trajectory import EpisodeKey, Trajectory
+from training.trajectory import EpisodeKey, Step, Trajectory
 
 FaultKind = Literal["sandbox_kill", "hang", "oom", "worker_kill"]
 FAULT_KINDS: tuple[FaultKind, ...] = ("sandbox_kill", "hang", "oom", "worker_kill")
@@ -204,8 +205,30 @@ class ReplayPolicy(Policy):
 
 
 def replayable_prefix(trajectory: Trajectory) -> list[Decision]:
-    """The decisions of the steps that completed before the infra failure."""
-    return [Decision(step.action, step.logprob, step.record) for step in trajectory.steps]
+    """The decisions whose every action completed before the infra failure, one per turn.
+
+    A chat reply whose tool calls were not all carried out is left out: its unanswered calls
+    would make the next prompt malformed, so the live policy decides that turn again."""
+    turns: dict[int, list[Step]] = {}
+    for step in trajectory.steps:
+        turns.setdefault(step.turn_index, []).append(step)
+    prefix = []
+    for steps in turns.values():
+        first = steps[0]
+        if first.reply_message is not None:
+            calls = json.loads(first.reply_message).get("tool_calls") or [None]
+            if len(steps) < len(calls):
+                break
+        call_ids = tuple(s.call_id for s in steps if s.call_id is not None)
+        prefix.append(
+            Decision(
+                tuple(s.action for s in steps),
+                first.logprob,
+                first.record,
+                call_ids if len(call_ids) == len(steps) else (),
+            )
+        )
+    return prefix
 
 
 def run_episode_with_recovery(

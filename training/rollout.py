@@ -15,9 +15,11 @@ import atexit
 import dataclasses
 import functools
 import os
+import pickle
 import random
 import socket
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal
 
@@ -28,6 +30,7 @@ from tasks_lib.format.model import Task
 from training.builtin.scorer_policy import CandidateScorerPolicy
 from training.episode import EpisodeConfig
 from training.errors import TrainerError, TrainingSettingsError
+from training.policy import Policy
 from training.recovery import FaultPlan, RecoveryPolicy, run_episode_with_recovery
 from training.trajectory import EpisodeKey, Trajectory
 
@@ -47,7 +50,8 @@ class ShardRequest:
     shard: int
     episodes: tuple[EpisodeRequest, ...]
     policy_bytes: bytes
-    """The policy's state (`CandidateScorerPolicy.to_bytes()`): workers rebuild it exactly."""
+    """The pickled policy: workers rebuild it exactly (a served model's client pickles as its
+    address and settings, never its API key)."""
     policy_version: str
     episode_config: EpisodeConfig = dataclasses.field(default_factory=EpisodeConfig)
     recovery: RecoveryPolicy = dataclasses.field(default_factory=RecoveryPolicy)
@@ -55,6 +59,16 @@ class ShardRequest:
     """Injected faults (tests and benchmarks only)."""
     policy_lag: int = 0
     """Updates the trainer will be ahead of this shard's policy when it consumes the shard."""
+    max_concurrent_requests: int = 1
+    """Episodes of the shard in flight at once (threads), so a model server batches their
+    requests. Each holds one sandbox from the worker's pool, so this also bounds the shard's
+    open sandboxes."""
+
+    def __post_init__(self) -> None:
+        if self.max_concurrent_requests < 1:
+            raise ValueError(
+                f"max_concurrent_requests must be >= 1, got {self.max_concurrent_requests}"
+            )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -91,7 +105,7 @@ def plan_iteration(
     *,
     run_id: str,
     iteration: int,
-    policy: CandidateScorerPolicy,
+    policy: Policy,
     tasks_per_iteration: int,
     group_size: int,
     shard_count: int,
@@ -102,6 +116,7 @@ def plan_iteration(
     schedule: Schedule = "round_robin",
     predicted_s: Mapping[str, float] | None = None,
     policy_lag: int = 0,
+    max_concurrent_requests: int = 1,
 ) -> list[ShardRequest]:
     """Sample tasks, make one group of `group_size` samples per task, and deal the episodes into
     at most `shard_count` shards.
@@ -130,7 +145,7 @@ def plan_iteration(
         shards = _longest_first(episodes, shard_count, predicted_s or {})
     else:
         shards = [episodes[shard::shard_count] for shard in range(shard_count)]
-    policy_bytes = policy.to_bytes()
+    policy_bytes = pickle.dumps(policy)
     config = episode_config or EpisodeConfig(seed=seed)
     return [
         ShardRequest(
@@ -144,6 +159,7 @@ def plan_iteration(
             recovery=recovery or RecoveryPolicy(),
             faults=faults,
             policy_lag=policy_lag,
+            max_concurrent_requests=max_concurrent_requests,
         )
         for shard, members in enumerate(shards)
     ]
@@ -210,29 +226,37 @@ def worker_name() -> str:
 
 
 def run_shard(request: ShardRequest, *, pool: SandboxPool | None = None) -> list[Trajectory]:
-    """Run the shard's episodes in order with the policy it carries."""
+    """Run the shard's episodes with the policy it carries: one after another, or up to
+    `max_concurrent_requests` at a time, each with its own `Policy.fork()`. Trajectories come
+    back in the shard's order either way."""
     pool = pool or worker_pool()
-    policy = CandidateScorerPolicy.from_bytes(request.policy_bytes)
+    policy: Policy = pickle.loads(request.policy_bytes)
     if policy.version != request.policy_version:
         raise TrainerError(
             f"shard {request.shard} carries policy {policy.version}, expected "
             f"{request.policy_version}: the policy bytes are corrupt"
         )
-    trajectories = []
-    for episode in request.episodes:
-        task = _load_task_cached(episode.task_dir)
-        trajectories.append(
-            run_episode_with_recovery(
-                task,
-                policy,
-                pool,
-                key=episode.key,
-                config=request.episode_config,
-                recovery=request.recovery,
-                faults=request.faults,
-            )
+
+    def run(episode: EpisodeRequest, acting: Policy) -> Trajectory:
+        return run_episode_with_recovery(
+            _load_task_cached(episode.task_dir),
+            acting,
+            pool,
+            key=episode.key,
+            config=request.episode_config,
+            recovery=request.recovery,
+            faults=request.faults,
         )
-    return trajectories
+
+    try:
+        in_flight = min(request.max_concurrent_requests, len(request.episodes))
+        if in_flight <= 1:
+            return [run(episode, policy) for episode in request.episodes]
+        with ThreadPoolExecutor(in_flight, thread_name_prefix="episode") as executor:
+            futures = [executor.submit(run, e, policy.fork()) for e in request.episodes]
+            return [future.result() for future in futures]
+    finally:
+        policy.close()
 
 
 def commit_shard(

@@ -14,10 +14,12 @@ from typing import TYPE_CHECKING
 
 from rollyard.status import EpisodeStatus, check_reward, is_trainable
 from training.actions import Action, History, Observation, action_to_json
-from training.policy import ChatRecord, PolicyRecord
+from training.policy import ChatRecord, PolicyIdentity, PolicyRecord
 
 if TYPE_CHECKING:
     from storage.records import EpisodeRecord, StepRecord
+
+__all__ = ["EpisodeKey", "EpisodeStatus", "Step", "Trajectory"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -65,7 +67,20 @@ class Step:
     timed_out: bool = False
     """The command hit its per-step time limit."""
     logprob: float | None = None
+    """log π of the decision this step's action belongs to; on the decision's first step only."""
     record: PolicyRecord | None = None
+    """The policy's record of the decision (a chat turn's token ids); on its first step only."""
+    turn: int | None = None
+    """Which decision of the episode the action came from (a chat reply with several tool calls
+    makes several steps of one turn); None means the step's own index."""
+    call_id: str | None = None
+    """A chat model's id for the tool call."""
+    reply_message: str | None = None
+    """A chat model's reply as it sent it (JSON), on the first step of the turn."""
+
+    @property
+    def turn_index(self) -> int:
+        return self.index if self.turn is None else self.turn
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -105,6 +120,8 @@ class Trajectory:
     verify_s: float = 0.0
     started_at_s: float = 0.0
     """Unix time the episode started."""
+    policy: PolicyIdentity | None = None
+    """What acted (kind, model, sampling); `policy_version` repeats its version."""
 
     def __post_init__(self) -> None:
         # The no-reward rule, where every trajectory is made: an infrastructure failure that
@@ -120,7 +137,12 @@ class Trajectory:
         """The history as the policy saw it after the last step."""
         history = History(self.instruction)
         for step in self.steps:
-            history = history.append(step.action, step.observation)
+            history = history.append(
+                step.action,
+                step.observation,
+                call_id=step.call_id,
+                reply_message=step.reply_message,
+            )
         return history
 
     # -- store rows ----------------------------------------------------------------------------
@@ -167,18 +189,24 @@ class Trajectory:
             verify_s=self.verify_s,
             worker=worker,
             error=self.error,
+            policy_kind=self.policy.kind if self.policy else None,
+            policy_model=self.policy.model if self.policy else None,
+            sampling=self.policy.sampling if self.policy else None,
         )
 
     def to_step_records(self) -> list[StepRecord]:
+        """One row per action. A chat turn's token ids, sampler logprobs and reply go on the
+        turn's first row (`turn` groups the rows of one reply); the built-in policy's choice
+        logprob goes in `logprobs` as one value."""
         from storage.records import StepRecord
 
         rows = []
         for step in self.steps:
-            token_ids: tuple[int, ...] | None = None
+            record = step.record
+            chat = record if isinstance(record, ChatRecord) else None
             logprobs: tuple[float, ...] | None = None
-            if isinstance(step.record, ChatRecord) and step.record.completion_logprobs:
-                token_ids = step.record.completion_token_ids or None
-                logprobs = step.record.completion_logprobs
+            if chat is not None:
+                logprobs = chat.completion_logprobs or None
             elif step.logprob is not None:
                 logprobs = (step.logprob,)
             rows.append(
@@ -190,8 +218,13 @@ class Trajectory:
                     observation=step.observation.text,
                     exit_code=step.observation.exit_code,
                     duration_s=step.duration_s,
-                    token_ids=token_ids,
+                    token_ids=(chat.completion_token_ids or None) if chat else None,
                     logprobs=logprobs,
+                    turn=step.turn_index,
+                    tool_call_id=step.call_id,
+                    prompt_token_ids=(chat.prompt_token_ids or None) if chat else None,
+                    finish_reason=chat.finish_reason if chat else None,
+                    reply_message=step.reply_message,
                 )
             )
         return rows

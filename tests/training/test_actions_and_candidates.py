@@ -48,7 +48,7 @@ def test_actions_round_trip_through_json(action: object) -> None:
 @given(st.text(), st.integers(40, 400))
 def test_cap_text_keeps_within_the_limit(text: str, limit: int) -> None:
     capped, cut = cap_text(text, limit)
-    assert len(capped) <= limit and cut == (len(text) > limit)
+    assert len(capped.encode()) <= limit and cut == (len(text.encode()) > limit)
 
 
 def _feature(candidate: object, name: str) -> float:

@@ -67,7 +67,7 @@ class FailingPolicy(Policy):
     def act(self, history: History) -> Decision:
         if history.step_count >= self.fail_at_step:
             raise PolicyError("endpoint unreachable")
-        return Decision(ReadFile("calc.py"))
+        return Decision((ReadFile("calc.py"),))
 
 
 @pytest.fixture
@@ -189,11 +189,11 @@ def test_long_output_is_capped_head_and_tail(bug_task: Task, sandbox: Sandbox) -
         policy,
         sandbox,
         key=EpisodeKey("r", 0),
-        config=EpisodeConfig(observation_max_chars=500),
+        config=EpisodeConfig(observation_max_bytes=500),
         verifier=fixed_file_verifier,
     )
     observation = trajectory.steps[0].observation
-    assert observation.truncated and len(observation.text) <= 500
+    assert observation.truncated and len(observation.text.encode()) <= 500
     assert observation.text.startswith("1\n2\n") and "[exit code 0]" in observation.text
 
 

@@ -319,8 +319,8 @@ class _PickByLabel(Policy):
         for pattern in self.patterns:
             for candidate in candidates:
                 if re.search(pattern, candidate.label):
-                    return Decision(candidate.action)
-        return Decision(Submit())
+                    return Decision((candidate.action,))
+        return Decision((Submit(),))
 
 
 def test_the_policy_runs_episodes_on_both_families_in_bwrap(tmp_path: Path) -> None:

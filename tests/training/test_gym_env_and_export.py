@@ -92,7 +92,7 @@ def _trajectory(
     from training.trajectory import EpisodeKey
 
     key = EpisodeKey("run", 2, group_index=0, sample_index=sample)
-    record = ChatRecord("served", (5, 6), ("a", "b"), (-0.1, -0.2))
+    record = ChatRecord("served", (1, 2), (5, 6), (-0.1, -0.2))
     steps = (
         Step(
             0,

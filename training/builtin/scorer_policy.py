@@ -61,6 +61,7 @@ class CandidateScorerPolicy(Policy):
     """Proposes candidates from the history and samples one by the network's scores."""
 
     name = "candidate-scorer"
+    kind = "builtin"
 
     def __init__(self, config: ScorerConfig | None = None, *, seed: int = 0) -> None:
         self.config = config or ScorerConfig()
@@ -109,7 +110,7 @@ class CandidateScorerPolicy(Policy):
         else:
             index = int(torch.multinomial(log_probs.exp(), 1, generator=self._generator).item())
         record = ScorerRecord(tuple(c.features for c in candidates), index)
-        return Decision(candidates[index].action, float(log_probs[index].item()), record)
+        return Decision((candidates[index].action,), float(log_probs[index].item()), record)
 
     # -- what the trainer uses -------------------------------------------------------------------
 

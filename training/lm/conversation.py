@@ -1,0 +1,218 @@
+"""The agent loop's language-model side, shared by every chat policy (`openai:`, `hf:`).
+
+The history goes out as chat messages with the four tools declared as JSON schemas; the reply
+comes back as a `Decision` carrying every tool call in order (parallel tool calls). A reply with
+no usable tool call becomes an `InvalidCall` whose observation says how to call a tool — the
+episode runner counts those against `EpisodeConfig.max_format_errors` — never a silent submit.
+Each turn's exact prompt ids, sampled ids and sampler logprobs go into its `ChatRecord`.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import json
+from typing import Any
+
+from training.actions import (
+    TOOL_NAMES,
+    Action,
+    History,
+    InvalidCall,
+    action_from_tool_call,
+    history_messages,
+)
+from training.errors import ActionParseError, ContextExhaustedError
+from training.policy import ChatRecord, Decision, Policy, PolicyIdentity
+
+SYSTEM_PROMPT = (
+    "You are a software engineer fixing a repository inside a sandbox. Use the tools: "
+    "run_command to run shell commands (for example the tests), read_file to read a file, "
+    "edit_file to replace one exact occurrence of old_text with new_text, and submit when the "
+    "task is done. You may call several tools in one reply; they run in order."
+)
+
+
+def _function(name: str, description: str, *parameters: str) -> dict[str, Any]:
+    # Parameter names say what they are; descriptions of them would only lengthen every prompt.
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": {parameter: {"type": "string"} for parameter in parameters},
+                "required": list(parameters),
+            },
+        },
+    }
+
+
+TOOL_SCHEMAS: tuple[dict[str, Any], ...] = (
+    _function(
+        "run_command",
+        "Run a shell command in the workspace and see its output and exit code.",
+        "command",
+    ),
+    _function("read_file", "Read a file of the workspace (path relative to it).", "path"),
+    _function(
+        "edit_file",
+        "Replace the single occurrence of old_text in a file with new_text.",
+        "path",
+        "old_text",
+        "new_text",
+    ),
+    _function("submit", "Declare the task done."),
+)
+"""The tools every chat policy is offered, as OpenAI function-tool JSON schemas."""
+assert tuple(schema["function"]["name"] for schema in TOOL_SCHEMAS) == TOOL_NAMES
+
+NO_TOOL_CALL = (
+    "Your reply called no tool. Reply with a tool call: run_command, read_file, edit_file, or "
+    "submit when the task is done."
+)
+"""The observation a reply without any tool call gets (`EpisodeConfig.max_format_errors`)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChatSampling:
+    """How a chat policy samples every turn; recorded with every episode. Each request's seed
+    comes from the episode's (`ChatPolicy.request_seed`), so it is not a field here."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 512
+    """Completion tokens asked for per turn (fewer when the context window is nearly full)."""
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.max_tokens < 1:
+            raise ValueError(
+                f"sampling needs temperature >= 0, 0 < top_p <= 1 and max_tokens >= 1; got {self}"
+            )
+
+    def to_json(self) -> str:
+        return PolicyIdentity.sampling_json(dataclasses.asdict(self))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChatTurn:
+    """What a model backend returned for one request, token in and token out."""
+
+    model: str
+    message: dict[str, Any]
+    """The assistant message: `content` and `tool_calls` (OpenAI form, arguments as JSON text)."""
+    prompt_token_ids: tuple[int, ...] = ()
+    completion_token_ids: tuple[int, ...] = ()
+    completion_logprobs: tuple[float, ...] = ()
+    finish_reason: str | None = None
+    format_problems: tuple[str, ...] = ()
+    """What is wrong with tool-call blocks that did not parse, when the backend says (the
+    `hf:` generator does; a server folds such a reply into plain content)."""
+
+
+def completion_budget(
+    prompt_tokens: int, context_tokens: int | None, *, max_tokens: int, min_tokens: int
+) -> int:
+    """Completion tokens to ask for: `max_tokens`, fewer when the prompt leaves less room in
+    the context window. Raises `ContextExhaustedError` when fewer than `min_tokens` are left —
+    the rule that ends an episode that no longer fits, before a request is sent."""
+    if context_tokens is None:
+        return max_tokens
+    room = context_tokens - prompt_tokens
+    if room < min_tokens:
+        raise ContextExhaustedError(
+            f"the prompt is {prompt_tokens} tokens and the model's context {context_tokens}: "
+            f"{max(room, 0)} left, fewer than the {min_tokens} a turn needs",
+            prompt_tokens,
+            context_tokens,
+        )
+    return min(max_tokens, room)
+
+
+def decision_from_turn(turn: ChatTurn, *, call_id_prefix: str) -> Decision:
+    """The reply as a decision: every tool call in order (one the runner cannot read becomes an
+    `InvalidCall` answered under its id), or one `InvalidCall` when there is none."""
+    content = turn.message.get("content")
+    calls = turn.message.get("tool_calls") or []
+    actions: list[Action] = []
+    call_ids: list[str] = []
+    sent_calls = []
+    for index, call in enumerate(calls):
+        function = call.get("function") or {}
+        name = str(function.get("name") or "")
+        arguments = function.get("arguments")
+        if not isinstance(arguments, str):  # some servers send the object itself
+            arguments = json.dumps(arguments if arguments is not None else {})
+        call_id = str(call.get("id") or f"{call_id_prefix}_{index}")
+        try:
+            actions.append(action_from_tool_call(name, arguments))
+        except ActionParseError as error:
+            actions.append(InvalidCall(name, arguments, f"tool call not carried out: {error}"))
+        call_ids.append(call_id)
+        sent_calls.append(
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+        )
+    # What goes back into the next prompt: the reply as sent, with the ids the answers use.
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if sent_calls:
+        message["tool_calls"] = sent_calls
+    else:
+        explained = NO_TOOL_CALL
+        if turn.format_problems:
+            problems = "; ".join(turn.format_problems)
+            explained = f"Your tool call could not be read ({problems}). {NO_TOOL_CALL}"
+        actions.append(InvalidCall("", str(content or ""), explained))
+    record = ChatRecord(
+        model=turn.model,
+        prompt_token_ids=turn.prompt_token_ids,
+        completion_token_ids=turn.completion_token_ids,
+        completion_logprobs=turn.completion_logprobs,
+        finish_reason=turn.finish_reason,
+        raw_message=json.dumps(message, ensure_ascii=False),
+    )
+    logprob = sum(turn.completion_logprobs) if turn.completion_logprobs else None
+    return Decision(tuple(actions), logprob, record, tuple(call_ids))
+
+
+class ChatPolicy(Policy):
+    """A language model acting through tool calls; subclasses say how a request is answered
+    (`openai:` over HTTP, `hf:` in-process) and check the context window their own way."""
+
+    def __init__(self, sampling: ChatSampling, *, min_completion_tokens: int = 16) -> None:
+        self.sampling = sampling
+        self.min_completion_tokens = min_completion_tokens
+        self._seed: int | None = None
+
+    @property
+    @abc.abstractmethod
+    def model_name(self) -> str:
+        """The model's name, recorded with every episode."""
+
+    def identity(self) -> PolicyIdentity:
+        return PolicyIdentity(self.kind, self.version, self.model_name, self.sampling.to_json())
+
+    def fork(self) -> ChatPolicy:
+        """A copy sharing this policy's client or model (thread-safe), with its own seed."""
+        clone = object.__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        return clone
+
+    def seed(self, seed: int) -> None:
+        self._seed = seed
+
+    def request_seed(self, history: History) -> int | None:
+        """The sampling seed of the request for this history: the episode's seed and the turn."""
+        if self._seed is None:
+            return None
+        return (self._seed + len(history.turns)) % 2**31
+
+    def act(self, history: History) -> Decision:
+        messages = history_messages(history, system_prompt=SYSTEM_PROMPT)
+        turn = self.complete(messages, seed=self.request_seed(history))
+        return decision_from_turn(turn, call_id_prefix=f"call_{len(history.turns)}")
+
+    @abc.abstractmethod
+    def complete(self, messages: list[dict[str, Any]], *, seed: int | None) -> ChatTurn:
+        """Answer one chat request with the tools declared. Raises `ContextExhaustedError` when
+        the prompt leaves too little room (`completion_budget`), `PolicyError` otherwise."""
