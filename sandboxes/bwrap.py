@@ -42,8 +42,12 @@ SANDBOX_UID = 1000
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 # Runs as root for a millisecond: joins the cgroup (so every descendant is accounted and killable
-# from the first instruction), sets the CPU-time rlimit, then execs setpriv -> bwrap.
+# from the first instruction), sets the CPU-time rlimit, then execs setpriv -> bwrap. It starts
+# with an empty environment in `/`, and drops the PWD the shell itself sets: bwrap becomes PID 1
+# inside the sandbox, where its environment and command line are readable (/proc/1/environ,
+# /proc/1/cmdline), so neither may carry anything of the host.
 _LAUNCHER = (
+    "unset PWD OLDPWD; "
     'cpu=$1; shift; while [ "$1" != "--" ]; do echo $$ > "$1" || exit 125; shift; done; shift; '
     'ulimit -t "$cpu" || exit 125; exec "$@"'
 )
@@ -165,7 +169,10 @@ class BwrapSandbox(Sandbox):
     # -- commands --------------------------------------------------------------------------------
 
     def _command_argv(self, command: str | Sequence[str], env: Mapping[str, str] | None,
-                      seccomp_fd: int, status_fd: int, cpu_time_s: int) -> list[str]:  # fmt: skip
+                      seccomp_fd: int, status_fd: int, args_fd: int,
+                      cpu_time_s: int) -> list[str]:  # fmt: skip
+        """The launcher's argv; bwrap's options (host paths among them) are written to
+        `args_fd` and read by bwrap from there (`--args`), so they are not on its command line."""
         assert self._cgroup is not None
         if isinstance(command, str):
             inner = ["/bin/sh", "-c", command]
@@ -207,13 +214,15 @@ class BwrapSandbox(Sandbox):
         ]  # fmt: skip
         for name, value in environment.items():
             bwrap += ["--setenv", name, value]
-        bwrap += ["--seccomp", str(seccomp_fd), "--json-status-fd", str(status_fd),
-                  "--", *inner]  # fmt: skip
+        bwrap += ["--seccomp", str(seccomp_fd), "--json-status-fd", str(status_fd)]
+        options = b"".join(os.fsencode(option) + b"\0" for option in bwrap[1:])
+        os.write(args_fd, options)
+        os.lseek(args_fd, 0, os.SEEK_SET)
         uid = str(host.SANDBOX_HOST_UID)
-        setpriv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+        setpriv = [host.setpriv_path(), f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
         procs = [str(p) for p in self._cgroup.procs_files]
         return ["/bin/sh", "-c", _LAUNCHER, "launcher", str(cpu_time_s), *procs, "--",
-                *setpriv, *bwrap]  # fmt: skip
+                *setpriv, bwrap[0], "--args", str(args_fd), "--", *inner]  # fmt: skip
 
     def execute(
         self,
@@ -229,8 +238,13 @@ class BwrapSandbox(Sandbox):
         cpu_time_s = max(1, int(-(-self.limits.cpu_time_s // 1)))
         seccomp_fd = host.seccomp_fd()
         status_read, status_write = os.pipe()
+        # A memfd, not a pipe: the options can outgrow a pipe's buffer, and nothing reads them
+        # before bwrap starts.
+        args_fd = os.memfd_create("bwrap-args")
         try:
-            argv = self._command_argv(command, env, seccomp_fd, status_write, cpu_time_s)
+            argv = self._command_argv(
+                command, env, seccomp_fd, status_write, args_fd, cpu_time_s
+            )
             with contextlib.ExitStack() as stack:
                 stdin_file: int = subprocess.DEVNULL
                 if stdin is not None:
@@ -248,7 +262,7 @@ class BwrapSandbox(Sandbox):
                 try:
                     process = subprocess.Popen(
                         argv, stdin=stdin_file, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, pass_fds=(seccomp_fd, status_write),
+                        env={}, cwd="/", pass_fds=(seccomp_fd, status_write, args_fd),
                         start_new_session=True,
                     )  # fmt: skip
                 except OSError as error:
@@ -257,6 +271,7 @@ class BwrapSandbox(Sandbox):
         finally:
             os.close(seccomp_fd)
             os.close(status_write)
+            os.close(args_fd)
         stdout, stderr, timed_out = self._collect(process, timeout_s, started)
         child_started = _read_child_started(status_read)
         duration_s = time.monotonic() - started

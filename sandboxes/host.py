@@ -111,6 +111,15 @@ def check_host() -> str:
     return bwrap
 
 
+@functools.cache
+def setpriv_path() -> str:
+    """Absolute path of setpriv: the launcher runs with an empty environment, so no PATH."""
+    path = shutil.which("setpriv")
+    if path is None:
+        raise SandboxUnavailableError("setpriv is not installed: apt-get install util-linux")
+    return path
+
+
 def _check_userns_works(bwrap: str) -> None:
     probe = subprocess.run(
         ["setpriv", f"--reuid={SANDBOX_HOST_UID}", f"--regid={SANDBOX_HOST_UID}",
