@@ -184,7 +184,7 @@ class Sandbox(abc.ABC):
         self.close()
 
     def __del__(self) -> None:
-        # A forgotten sandbox must not keep mounts and cgroups alive; the start-up sweep is the
-        # backstop for processes that are SIGKILLed before they get here.
+        # A forgotten sandbox must not keep mounts and cgroups alive; for an owner SIGKILLed
+        # before it gets here, its supervisor (and the next start-up sweep) reclaim them.
         with contextlib.suppress(Exception):
             self.close()

@@ -10,7 +10,9 @@ Isolation, from the outside in:
   only writable place besides a size-limited /tmp; nothing of the host's home, /tmp or project;
 - a copy-on-write workspace: overlayfs with the pristine snapshot as lower layer and a size-limited
   tmpfs as upper layer. Reset drops the tmpfs (cost independent of the snapshot's size); the upper
-  layer *is* the diff.
+  layer *is* the diff;
+- a supervisor process per owner (`sandboxes.supervisor`) that tears down the owner's sandboxes
+  when it dies, SIGKILL included.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from sandboxes import host
+from sandboxes import host, supervisor
 from sandboxes.base import WORKSPACE_MOUNT, ExecResult, Limits, Sandbox, WorkspaceDiff
 from sandboxes.cgroups import SandboxCgroup
 from sandboxes.errors import SandboxError, SandboxSetupError, WorkspacePathError
@@ -102,6 +104,7 @@ class BwrapSandbox(Sandbox):
         self._bwrap = host.check_host()
         self._layout = layout or host.host_layout()
         _sweep_once(self._layout.root)
+        supervisor.ensure_supervisor(self._layout)
         prepared = prepare_snapshot(
             Path(snapshot), self._layout.snapshots, owner_uid=host.SANDBOX_HOST_UID
         )

@@ -288,7 +288,7 @@ class DockerSandbox(Sandbox):
         self._client = client or _shared_client()
         _swept()
         prepared = prepare_snapshot(
-            Path(snapshot), host.host_layout().root / "docker-snapshots", owner_uid=SANDBOX_UID
+            Path(snapshot), host.host_layout().docker_snapshots, owner_uid=SANDBOX_UID
         )
         super().__init__(Path(snapshot), prepared.digest, limits)
         self._closed = True  # until fully built

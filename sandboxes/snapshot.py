@@ -16,6 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandboxes import host
 from sandboxes.base import WorkspaceDiff
 from sandboxes.errors import SnapshotError
 
@@ -121,7 +122,7 @@ def prepare_snapshot(source: Path, store_dir: Path, *, owner_uid: int) -> Prepar
     if lower.is_dir():
         return PreparedSnapshot(source=source, digest=digest, lower_dir=lower)
     store_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=store_dir))
+    staging = Path(tempfile.mkdtemp(prefix=host.staging_prefix(), dir=store_dir))
     try:
         shutil.copytree(source, staging / "tree", symlinks=True)
         tree = staging / "tree"
