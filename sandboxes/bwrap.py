@@ -36,7 +36,13 @@ from sandboxes.base import WORKSPACE_MOUNT, ExecResult, Limits, Sandbox, Workspa
 from sandboxes.cgroups import SandboxCgroup
 from sandboxes.errors import SandboxError, SandboxSetupError, WorkspacePathError
 from sandboxes.output import CappedBuffer
-from sandboxes.snapshot import prepare_snapshot, same_entry
+from sandboxes.snapshot import (
+    SnapshotCache,
+    TreeBounds,
+    default_cache_budget_bytes,
+    prepare_snapshot,
+    same_entry,
+)
 
 SANDBOX_UID = 1000
 """The uid commands see inside (mapped to `host.SANDBOX_HOST_UID` outside)."""
@@ -106,8 +112,9 @@ class BwrapSandbox(Sandbox):
         _sweep_once(self._layout.root)
         supervisor.ensure_supervisor(self._layout)
         prepared = prepare_snapshot(
-            Path(snapshot), self._layout.snapshots, owner_uid=host.SANDBOX_HOST_UID
-        )
+            Path(snapshot), self._layout.snapshots, owner_uid=host.SANDBOX_HOST_UID,
+            bounds=TreeBounds.of(limits), cache_budget_bytes=default_cache_budget_bytes(),
+        )  # fmt: skip
         super().__init__(Path(snapshot), prepared.digest, limits)
         self._closed = True  # until fully built: a failed __init__ must not run _close twice
         self._lower = prepared.lower_dir
@@ -166,6 +173,8 @@ class BwrapSandbox(Sandbox):
         self._check_open("reset")
         assert self._cgroup is not None
         self._cgroup.kill_all()
+        # In use again: the cache must not take the lower layer while it is not mounted.
+        SnapshotCache(self._layout.snapshots).touch(self._lower.name)
         self._unmount_workspace()
         self._mount_workspace()
 

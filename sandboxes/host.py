@@ -64,7 +64,8 @@ class HostLayout:
 
 
 def host_layout() -> HostLayout:
-    return HostLayout(Path(os.environ.get(ROOT_ENV) or DEFAULT_ROOT))
+    # Absolute: mount tables and the snapshot cache compare paths by their text.
+    return HostLayout(Path(os.environ.get(ROOT_ENV) or DEFAULT_ROOT).absolute())
 
 
 # -- capability check -------------------------------------------------------------------------------
