@@ -254,9 +254,7 @@ class BwrapSandbox(Sandbox):
         # before bwrap starts.
         args_fd = os.memfd_create("bwrap-args")
         try:
-            argv = self._command_argv(
-                command, env, seccomp_fd, status_write, args_fd, cpu_time_s
-            )
+            argv = self._command_argv(command, env, seccomp_fd, status_write, args_fd, cpu_time_s)
             with contextlib.ExitStack() as stack:
                 stdin_file: int = subprocess.DEVNULL
                 if stdin is not None:

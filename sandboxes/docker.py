@@ -288,7 +288,9 @@ class DockerSandbox(Sandbox):
         self._client = client or _shared_client()
         _swept()
         prepared = prepare_snapshot(
-            Path(snapshot), host.host_layout().docker_snapshots, owner_uid=SANDBOX_UID,
+            Path(snapshot),
+            host.host_layout().docker_snapshots,
+            owner_uid=SANDBOX_UID,
             bounds=TreeBounds.of(limits),
         )
         super().__init__(Path(snapshot), prepared.digest, limits)

@@ -97,7 +97,10 @@ def check_workspace_root(source: Path, *, state_root: Path | None = None) -> Non
     """Refuse a workspace that is a system path, lies in a pseudo file system (/proc, /sys, ...)
     or inside the sandboxes' own state directory `state_root`."""
     real = Path(os.path.realpath(source))
-    inside = lambda parent: real == parent or parent in real.parents  # noqa: E731
+
+    def inside(parent: Path) -> bool:
+        return real == parent or parent in real.parents
+
     if real in _SYSTEM_DIRS or any(inside(p) for p in _PSEUDO_FILESYSTEMS):
         raise SnapshotError(
             f"workspace {source} is a system path ({real}); give the directory of a task's "

@@ -381,10 +381,9 @@ class StoreConnection:
         self._con = con
         self.write_directory = write_directory
 
-    def sql(
-        self, query: str, params: Sequence[Any] | None = None
-    ) -> duckdb.DuckDBPyRelation | None:
-        """Run `query` (with `?` parameters) and return its relation (None for a COPY)."""
+    def sql(self, query: str, params: Sequence[Any] | None = None) -> duckdb.DuckDBPyRelation:
+        """Run `query` (with `?` parameters) and return its relation (typed as DuckDB types it,
+        although a COPY returns None)."""
         import duckdb
 
         check_statements(query, write_directory=self.write_directory)
