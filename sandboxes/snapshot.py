@@ -182,6 +182,11 @@ def _check_bounds(root: Path, relpath: str, st: os.stat_result, count: int,
             )
 
 
+def tree_size(root: Path, bounds: TreeBounds | None = None) -> TreeSize:
+    """The size of the tree at `root`, by `stat` alone; `SnapshotError` beyond `bounds`."""
+    return _walk(root, bounds or TreeBounds())[1]
+
+
 def _entries(root: Path, bounds: TreeBounds | None = None) -> list[tuple[str, os.stat_result]]:
     return _walk(root, bounds or TreeBounds())[0]
 
@@ -354,8 +359,7 @@ class SnapshotCache:
         try:
             os.utime(usage)
         except FileNotFoundError:  # an entry from before usage files: measure it once
-            _, size = _walk(self.directory / name, _UNBOUNDED)
-            self.record(name, size.allocated_bytes)
+            self.record(name, tree_size(self.directory / name, _UNBOUNDED).allocated_bytes)
 
     def entries(self) -> list[CacheEntry]:
         """Every entry, least recently used first."""
