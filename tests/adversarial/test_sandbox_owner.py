@@ -7,6 +7,7 @@ table, runtime and staging directories, cgroups, processes), with bounded waits.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -123,3 +124,45 @@ def test_a_killed_sandbox_run_leaves_nothing_behind(sandbox_root: Path, workspac
         owner.send_signal(signal.SIGKILL)
         owner.wait()
     _assert_torn_down(sandbox_root, token, marker)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(480)
+def test_a_killed_train_leaves_no_sandbox_behind(sandbox_root: Path, tmp_path: Path) -> None:
+    """`kill -9` of the train process alone (not its group): its Dask workers, which own the
+    sandboxes, exit with it, and their supervisors tear the sandboxes down."""
+    from tasks_lib.families.demo.generate import generate_demo_tasks
+
+    tasks = tmp_path / "tasks"
+    generate_demo_tasks(tasks, 2, seed=0)
+    store = tmp_path / "store"
+    env = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"} | {
+        "ROLLYARD_SANDBOX_ROOT": str(sandbox_root),
+        "PYTHONPATH": str(REPO_ROOT),
+    }
+    train = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "train", "--tasks", str(tasks), "--store", str(store),
+         "--iterations", "50", "--group-size", "2", "--tasks-per-iteration", "2",
+         "--workers", "2"],
+        cwd=REPO_ROOT, env=env, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    live = sandbox_root / "live"
+    try:
+        opened = lambda: live.is_dir() and any(live.iterdir())  # noqa: E731
+        assert wait_until(opened, 300, 0.1), "train never opened a sandbox"
+        owners = {entry.name.rsplit("-", 1)[0] for entry in live.iterdir()}
+        train.send_signal(signal.SIGKILL)
+        train.wait()
+        clean = {"mounts": [], "runtime_dirs": [], "cgroups": [], "staging_dirs": []}
+        for owner in owners:
+            assert wait_until(lambda: leftovers(sandbox_root, owner) == clean, 30), leftovers(  # noqa: B023
+                sandbox_root, owner
+            )
+    finally:
+        # What train started in sessions of its own (the local Prefect server) names the store.
+        for pid in processes_with(str(store)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(train.pid, signal.SIGKILL)
