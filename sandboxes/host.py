@@ -126,10 +126,12 @@ def setpriv_path() -> str:
 
 
 def _check_userns_works(bwrap: str) -> None:
+    # Binds /usr alone, not /: a recursive bind of the host root races with the mounts other
+    # sandboxes make and drop, and failed whenever one went away during the probe.
     probe = subprocess.run(
         ["setpriv", f"--reuid={SANDBOX_HOST_UID}", f"--regid={SANDBOX_HOST_UID}",
-         "--clear-groups", bwrap, "--unshare-all", "--unshare-user", "--ro-bind", "/", "/",
-         "true"],
+         "--clear-groups", bwrap, "--unshare-all", "--unshare-user", "--ro-bind", "/usr", "/usr",
+         "--ro-bind-try", "/lib", "/lib", "--ro-bind-try", "/lib64", "/lib64", "/usr/bin/true"],
         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, check=False,
     )  # fmt: skip
     if probe.returncode != 0:
