@@ -289,6 +289,7 @@ def tool_call_transcripts(count: int, seed: int = 0) -> list[Transcript]:
     from the record of the injected bug."""
     from tasks_lib.families.demo.mutate import find_mutations
     from tasks_lib.families.demo.pool import MODULES, PACKAGE_NAMES
+
     from training.lm.conversation import SYSTEM_PROMPT, TOOL_SCHEMAS
 
     rng = random.Random(f"rollyard-tiny-transcripts:{seed}")
