@@ -103,15 +103,19 @@ class Workload:
         return max(medians) / min(medians)
 
 
-def workload_from_store(store_root: str, run_id: str | None = None) -> Workload:
-    """Episode durations recorded in a store's episodes table (status `ok` only)."""
+def workload_from_store(
+    store_root: str, run_id: str | None = None, *, skip_iterations: int = 0
+) -> Workload:
+    """Episode durations recorded in a store's episodes table (status `ok` only), leaving out
+    each run's first `skip_iterations` iterations (the first pays the workers' start-up:
+    imports, the first sandboxes, inside its episodes)."""
     from storage import TrajectoryStore
 
     sql = (
         "SELECT task_id, wall_s, coalesce(verify_s, 0) AS verify_s FROM episodes "
-        "WHERE wall_s IS NOT NULL AND status = 'ok'"
+        "WHERE wall_s IS NOT NULL AND status = 'ok' AND iteration >= ?"
     )
-    parameters: list[Any] = []
+    parameters: list[Any] = [skip_iterations]
     if run_id is not None:
         sql += " AND run_id = ?"
         parameters.append(run_id)
@@ -586,7 +590,8 @@ def calibrate(store_root: str, run_id: str, *, seeds: int, schedule: str) -> dic
     mean iteration wall (iterations after the first) with the measured one."""
     measured = measure_run(store_root, run_id)
     shape = run_shape(store_root, run_id)
-    workload = workload_from_store(store_root, run_id)
+    # The compared iterations are those after the first, so are the durations drawn.
+    workload = workload_from_store(store_root, run_id, skip_iterations=1)
     costs = calibrated_costs(measured, Costs())
     simulated = []
     for seed in range(seeds):
@@ -820,7 +825,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "export":
         report = calibrate(args.store, args.run_id, seeds=200, schedule=args.schedule)
-        workload = workload_from_store(args.store, args.run_id)
+        workload = workload_from_store(args.store, args.run_id, skip_iterations=1)
         figures = {
             "measured": {k: v for k, v in report.items() if k != "costs"},
             "costs": report["costs"],
@@ -834,7 +839,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"of {len(workload.tasks)} tasks, calibration error {100 * report['error']:+.1f}%")  # fmt: skip
         return 0
     if args.store:
-        workload, costs = workload_from_store(args.store, args.run_id), Costs()
+        workload = workload_from_store(args.store, args.run_id, skip_iterations=1)
+        costs = Costs()
     else:
         workload, costs, _ = load_figures(args.figures)
     print(f"workload: {len(workload.tasks)} tasks, mean episode {workload.mean_episode_s():.1f} s, "
