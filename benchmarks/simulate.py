@@ -772,6 +772,36 @@ def plot(tables: dict[str, list[dict[str, Any]]], out_dir: Path, title: str) -> 
     return written
 
 
+def plot_calibration(reports: dict[str, dict[str, Any]], path: Path) -> Path:
+    """Measured against simulated iteration wall, one pair of bars per calibration run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axis = plt.subplots(figsize=(6, 4))
+    names = list(reports)
+    xs = range(len(names))
+    measured = [reports[n]["measured_iteration_wall_s"] for n in names]
+    simulated = [reports[n]["simulated_iteration_wall_s"] for n in names]
+    low = [s - reports[n]["simulated_p10_p90_s"][0] for n, s in zip(names, simulated, strict=True)]
+    high = [reports[n]["simulated_p10_p90_s"][1] - s for n, s in zip(names, simulated, strict=True)]
+    axis.bar([x - 0.2 for x in xs], measured, width=0.4, label="measured (mean)")
+    axis.bar([x + 0.2 for x in xs], simulated, width=0.4, yerr=[low, high], capsize=4,
+             label="simulated (mean, p10-p90)")  # fmt: skip
+    for x, name in zip(xs, names, strict=True):
+        axis.annotate(f"{100 * reports[name]['error']:+.1f}%", (x + 0.2, simulated[x]),
+                      ha="center", va="bottom", fontsize=9)  # fmt: skip
+    axis.set_xticks(list(xs), names)
+    axis.set_ylabel("iteration wall (s)")
+    axis.set_title("calibration: real train flow vs model, same configuration")
+    axis.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
 def markdown_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---:|" * len(columns)]
     for row in rows:
@@ -807,6 +837,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     export.add_argument(
         "--schedule", choices=("round_robin", "longest_first"), default="round_robin"
     )
+    plot_cal = commands.add_parser("plot-calibration", help="bar chart of calibration reports")
+    plot_cal.add_argument("reports", nargs="+", type=Path, help="NAME=FILE.json from calibrate")
+    plot_cal.add_argument("--out", type=Path, default=PLOTS_DIR / "calibration.png")
     run = commands.add_parser("sweep", help="100 to 10,000 sandboxes, 1-64 GPUs, three modes")
     source = run.add_mutually_exclusive_group()
     source.add_argument("--store", help="take episode durations from this store")
@@ -837,6 +870,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.out.write_text(json.dumps(figures, indent=1) + "\n")
         print(f"wrote {args.out}: {sum(map(len, workload.episodes_by_task.values()))} episodes "
               f"of {len(workload.tasks)} tasks, calibration error {100 * report['error']:+.1f}%")  # fmt: skip
+        return 0
+    if args.command == "plot-calibration":
+        reports = {}
+        for item in args.reports:
+            name, _, file = str(item).partition("=")
+            if not file:
+                raise SystemExit(f"error: give each report as NAME=FILE.json, got {item}")
+            reports[name] = json.loads(Path(file).read_text())
+        print(plot_calibration(reports, args.out))
         return 0
     if args.store:
         workload = workload_from_store(args.store, args.run_id, skip_iterations=1)
