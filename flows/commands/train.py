@@ -99,6 +99,14 @@ def _common_train_options(
         help="fail the run after the Dask cluster has had no worker this long (default 120)",
     )
     parser.add_argument(
+        "--episode-deadline",
+        type=positive_float,
+        default=900.0,
+        metavar="SECONDS",
+        help="a shard running longer than this per episode is hung: its Dask worker is "
+        "restarted and the shard runs again elsewhere (default 900)",
+    )
+    parser.add_argument(
         "--schedule",
         choices=("longest_first", "round_robin"),
         default="longest_first",
@@ -127,6 +135,7 @@ def _settings(args: argparse.Namespace, tasks_dir: Path) -> Any:
         max_attempts=args.max_attempts,
         recovery_mode=args.recovery_mode,
         no_worker_timeout_s=args.no_worker_timeout,
+        episode_deadline_s=args.episode_deadline,
     )
 
 
@@ -134,7 +143,13 @@ def _run_with_progress(settings: Any, args: argparse.Namespace) -> list[Any]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from flows.train import GateStoppedRun, NoWorkersError, run_training, set_progress_hook
+    from flows.train import (
+        GateStoppedRun,
+        NoWorkersError,
+        ShardDeadlineError,
+        run_training,
+        set_progress_hook,
+    )
 
     console = Console(stderr=True)
     progress = Progress(
@@ -182,7 +197,7 @@ def _run_with_progress(settings: Any, args: argparse.Namespace) -> list[Any]:
     try:
         with progress:
             return run_training(settings, workers=args.workers, dask_address=args.dask_address)
-    except (NoWorkersError, GateStoppedRun) as error:
+    except (NoWorkersError, GateStoppedRun, ShardDeadlineError) as error:
         # The run stopped for a reason the user acts on; what it committed stays (--resume).
         raise CliError(str(error)) from error
     finally:
