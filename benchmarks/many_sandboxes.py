@@ -38,6 +38,13 @@ def meminfo_kb() -> dict[str, int]:
     return values
 
 
+def rss_kb() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
 def host_counts() -> dict[str, int]:
     """Processes, this process's descriptors and threads, and mounts on the host."""
     pids = sum(1 for entry in os.listdir("/proc") if entry.isdigit())
@@ -61,6 +68,7 @@ def child(count: int, snapshot: Path, hold_s: float) -> dict[str, Any]:
 
     limits = Limits(memory_mb=64, pids=16, cpus=0.1, disk_mb=8, wall_time_s=3600)
     before = meminfo_kb()
+    rss_before_kb = rss_kb()
     baseline = host_counts()
     sandboxes = []
     open_ms: list[float] = []
@@ -133,6 +141,8 @@ def child(count: int, snapshot: Path, hold_s: float) -> dict[str, Any]:
                 statistics.fmean(_memory_bytes(s) for s in sandboxes) / 2**20
             )
             report["host_mb_per_sandbox"] = {
+                # The child's own growth: a thread, pipes and a Popen per running sandbox.
+                "owner_rss": (rss_kb() - rss_before_kb) / 1024 / max(1, len(sandboxes)),
                 "idle_memavailable": (before["MemAvailable"] - idle["MemAvailable"])
                 / 1024
                 / max(1, len(sandboxes)),
@@ -199,17 +209,23 @@ def _memory_bytes(sandbox: Any) -> int:
     return 0
 
 
-def leftovers() -> dict[str, int]:
-    """Sandbox runtime directories and cgroups still on the host (0 and 0 when clean)."""
+def leftovers(owner_pid: int) -> dict[str, int]:
+    """Runtime directories and cgroups of sandboxes `owner_pid` opened that are still on the
+    host (0 and 0 when clean); other processes' sandboxes are not counted."""
     from sandboxes import host
 
+    prefix = f"{owner_pid}."
     layout = host.host_layout()
-    live = len(list(layout.live.iterdir())) if layout.live.is_dir() else 0
+    live = (
+        [e for e in layout.live.iterdir() if e.name.startswith(prefix)]
+        if layout.live.is_dir()
+        else []
+    )
     groups = 0
     for parent in (Path("/sys/fs/cgroup/pids/rollyard"), Path("/sys/fs/cgroup/rollyard")):
         if parent.is_dir():
-            groups += sum(1 for entry in parent.iterdir() if entry.is_dir())
-    return {"runtime_dirs": live, "cgroups": groups}
+            groups += sum(1 for e in parent.iterdir() if e.is_dir() and e.name.startswith(prefix))
+    return {"runtime_dirs": len(live), "cgroups": groups}
 
 
 def main() -> int:
@@ -269,7 +285,7 @@ def main() -> int:
         report["limits"] = limits
         report["requested_nofile"] = args.nofile
         report["swept_after"] = len(report_swept)
-        report["leftovers"] = leftovers()
+        report["leftovers"] = leftovers(process.pid)
     text = json.dumps(report, indent=1)
     print(text)
     if args.json:

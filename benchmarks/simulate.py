@@ -845,6 +845,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     source.add_argument("--store", help="take episode durations from this store")
     source.add_argument("--figures", type=Path, default=FIGURES_FILE)
     run.add_argument("--run-id", help="with --store: only this run's episodes")
+    run.add_argument(
+        "--skip-iterations", type=int, default=1, help="with --store: leave out each run's first"
+    )
     run.add_argument("--out", type=Path, default=PLOTS_DIR)
     run.add_argument("--name", default="simulate", help="prefix of the written files")
     args = parser.parse_args(argv)
@@ -880,11 +883,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             reports[name] = json.loads(Path(file).read_text())
         print(plot_calibration(reports, args.out))
         return 0
+    # Durations from a run; the fixed costs at scale are the defaults, measured on a lightly
+    # loaded machine (a calibration's costs carry the load of its 2-core machine).
     if args.store:
-        workload = workload_from_store(args.store, args.run_id, skip_iterations=1)
-        costs = Costs()
+        workload = workload_from_store(
+            args.store, args.run_id, skip_iterations=args.skip_iterations
+        )
     else:
-        workload, costs, _ = load_figures(args.figures)
+        workload, _, _ = load_figures(args.figures)
+    costs = Costs()
     print(f"workload: {len(workload.tasks)} tasks, mean episode {workload.mean_episode_s():.1f} s, "
           f"spread of task medians {workload.spread():.1f}x", flush=True)  # fmt: skip
     tables = sweep(workload, costs)
