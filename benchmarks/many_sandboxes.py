@@ -28,6 +28,8 @@ from typing import Any
 
 HOLD_S = 20.0
 """How long every process keeps running once the last one has started."""
+TEARDOWN_BOUND_S = 600.0
+"""How long after the common deadline every `execute` must have returned."""
 
 
 def meminfo_kb() -> dict[str, int]:
@@ -56,7 +58,7 @@ def host_counts() -> dict[str, int]:
     }
 
 
-def percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float] | list[int], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
@@ -66,7 +68,9 @@ def child(count: int, snapshot: Path, hold_s: float) -> dict[str, Any]:
     all run, close everything. Stops at the first failure and says what failed."""
     from sandboxes import Limits, SandboxError, open_sandbox
 
-    limits = Limits(memory_mb=64, pids=16, cpus=0.1, disk_mb=8, wall_time_s=3600)
+    # The default memory and pids limits: with 64 MB, bwrap itself was OOM-killed in every
+    # sandbox at 1,000 (it grows with the host's mount table; see benchmarks/README.md).
+    limits = Limits(cpus=0.1, disk_mb=8, wall_time_s=3600)
     before = meminfo_kb()
     rss_before_kb = rss_kb()
     baseline = host_counts()
@@ -117,7 +121,11 @@ def child(count: int, snapshot: Path, hold_s: float) -> dict[str, Any]:
                 ["/bin/sleep", f"{max(0.0, remaining):.1f}"], timeout_s=remaining + 60
             )
             if result.exit_code != 0:
-                errors.append(f"exit {result.exit_code}: {result.stderr[:200]}")
+                errors.append(
+                    f"exit {result.exit_code} after {result.duration_s:.1f} s of a "
+                    f"{remaining:.1f} s sleep (timed out: {result.timed_out}, OOM-killed: "
+                    f"{result.oom_killed}): {result.stderr[:200]}"
+                )
             return result.duration_s
 
         launch_started = time.monotonic()
@@ -156,11 +164,19 @@ def child(count: int, snapshot: Path, hold_s: float) -> dict[str, Any]:
                 / 1024
                 / max(1, len(sandboxes)),
             }
+            # Every sleep ends at the deadline; a thousand executes then read their pipes, reap
+            # and empty their cgroups at once, which takes a while on two loaded cores.
             for future in futures:
                 try:
-                    future.result(timeout=max(1.0, deadline - time.time() + 60))
+                    future.result(timeout=max(1.0, deadline - time.time() + TEARDOWN_BOUND_S))
                 except Exception as error:
                     errors.append(f"{type(error).__name__}: {error}"[:300])
+            report["all_returned_after_deadline_s"] = time.time() - deadline
+            peaks = [_memory_bytes(s, peak=True) for s in sandboxes]
+            report["cgroup_peak_memory_mb"] = {
+                "p50": percentile(peaks, 0.5) / 2**20,
+                "max": max(peaks, default=0) / 2**20,
+            }
         if errors and report["failure"] is None:
             report["failure"] = {
                 "phase": "execute",
@@ -197,10 +213,13 @@ def _pids_in(sandbox: Any) -> int:
             return 0
 
 
-def _memory_bytes(sandbox: Any) -> int:
+def _memory_bytes(sandbox: Any, *, peak: bool = False) -> int:
+    """The sandbox cgroup's memory now (or its high-water mark), v1 or v2."""
+    v1, v2 = ("memory.max_usage_in_bytes", "memory.peak") if peak else (
+        "memory.usage_in_bytes", "memory.current")  # fmt: skip
     for path in (
-        _cgroup_file(sandbox, "memory", "memory.usage_in_bytes"),
-        Path("/sys/fs/cgroup/rollyard") / sandbox.sandbox_id / "memory.current",
+        _cgroup_file(sandbox, "memory", v1),
+        Path("/sys/fs/cgroup/rollyard") / sandbox.sandbox_id / v2,
     ):
         try:
             return int(path.read_text())
@@ -232,7 +251,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--nofile", type=int, help="soft RLIMIT_NOFILE for the child")
-    parser.add_argument("--timeout", type=float, default=900.0, help="wall limit of the child")
+    parser.add_argument("--timeout", type=float, default=1500.0, help="wall limit of the child")
     parser.add_argument("--hold", type=float, default=HOLD_S)
     parser.add_argument("--json", type=Path, help="also write the report here")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)

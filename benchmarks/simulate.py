@@ -671,6 +671,11 @@ def result_row(result: SimResult) -> dict[str, Any]:
         "shard_commits_per_s": round(result.shard_commits_per_s, 1),
         "log_commits_per_s": round(result.log_commits_per_s, 1),
         "groups_dropped": result.groups_dropped,
+        "dropped_share": round(
+            result.groups_dropped
+            / max(1, result.groups_dropped + result.episodes_trained // c.group_size),
+            4,
+        ),
         "max_staleness": result.max_staleness,
     }
 
@@ -684,20 +689,17 @@ def sweep(workload: Workload, costs: Costs) -> dict[str, list[dict[str, Any]]]:
                 config = scale_config(sandboxes, mode, gpus, workload)
                 tables["grid"].append(result_row(simulate(config, workload, costs)))
                 print(json.dumps(tables["grid"][-1]), flush=True)
-    axes: dict[str, tuple[int, str, int, str, Sequence[int]]] = {
-        # name: (sandboxes, mode, gpus, field, values)
-        "commit_group": (10_000, "streaming", 64, "commit_group", (1, 2, 4, 16, 64)),
-        "shard_episodes": (1_000, "sync", 16, "shard_episodes", (1, 2, 4, 8, 16)),
-        "staleness": (1_000, "streaming", 16, "staleness", (0, 1, 2, 4)),
+    axes: dict[str, tuple[int, str, int, Sequence[int], dict[str, Any]]] = {
+        # name (the field varied): (sandboxes, mode, gpus, values, other changes)
+        # Rollout-bound (256 GPUs) with one episode a shard: the most commits a second.
+        "commit_group": (10_000, "streaming", 256, (1, 2, 4, 8, 16, 64), {"shard_episodes": 1}),
+        "shard_episodes": (1_000, "sync", 16, (1, 2, 4, 8, 16), {}),
+        "staleness": (1_000, "streaming", 16, (0, 1, 2, 4), {}),
     }
-    for name, (sandboxes, mode, gpus, field, values) in axes.items():
+    for name, (sandboxes, mode, gpus, values, fixed) in axes.items():
         tables[name] = []
         for value in values:
-            changes: dict[str, Any] = {field: value}
-            if field == "shard_episodes":
-                # Same batch, so the shard count (and the slots it can fill) changes.
-                changes["batch_groups"] = sandboxes * EPISODES_PER_SANDBOX // GROUP_SIZE_AT_SCALE
-            config = scale_config(sandboxes, mode, gpus, workload, **changes)
+            config = scale_config(sandboxes, mode, gpus, workload, **{**fixed, name: value})
             tables[name].append(result_row(simulate(config, workload, costs)))
             print(json.dumps(tables[name][-1]), flush=True)
     return tables
@@ -755,8 +757,7 @@ def plot(tables: dict[str, list[dict[str, Any]]], out_dir: Path, title: str) -> 
         axis.plot(xs, [r["sandbox_utilization"] for r in rows], marker="o", label="sandbox util.")
         axis.plot(xs, [1 - r["trainer_idle"] for r in rows], marker="s", label="trainer busy")
         if name == "staleness":
-            dropped = [r["groups_dropped"] / max(1, r["groups_dropped"] + 1) for r in rows]
-            axis.plot(xs, dropped, marker="x", label="groups dropped (share, approx.)")
+            axis.plot(xs, [r["dropped_share"] for r in rows], marker="x", label="groups dropped")
         first = rows[0]
         axis.set_title(f"{name}: {first['sandboxes']:,} sandboxes, {first['mode']}, "
                        f"{first['gpus']} GPUs", fontsize=9)  # fmt: skip
@@ -808,7 +809,7 @@ def markdown_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
         cells = []
         for column in columns:
             value = row[column]
-            if column in ("trainer_idle", "sandbox_utilization"):
+            if column in ("trainer_idle", "sandbox_utilization", "dropped_share"):
                 cells.append(f"{100 * value:.1f}%")
             elif isinstance(value, float):
                 cells.append(f"{value:,.1f}")
@@ -900,7 +901,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     plot(tables, args.out, f"{len(workload.tasks)} tasks, mean episode "
          f"{workload.mean_episode_s():.1f} s, spread {workload.spread():.1f}x")  # fmt: skip
     columns = ("sandboxes", "gpus", "mode", "trainer_idle", "sandbox_utilization",
-               "trained_per_s", "shard_commits_per_s", "log_commits_per_s", "groups_dropped")  # fmt: skip
+               "trained_per_s", "shard_commits_per_s", "log_commits_per_s", "dropped_share")  # fmt: skip
     print(markdown_table(tables["grid"], columns))
     for name in ("commit_group", "shard_episodes", "staleness"):
         print(f"\n{name}\n" + markdown_table(tables[name], (name, *columns)))
