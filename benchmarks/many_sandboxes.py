@@ -1,22 +1,25 @@
-"""Many bwrap sandboxes alive at once, each with a process running: open latency as the count
-grows, host memory per sandbox, and which limit binds first (pids, cgroups, file descriptors,
-mounts, memory) — measured by raising the count until something fails.
+"""Many bwrap sandboxes alive at once, each with a process running: open latency, the cost of
+one command as the count grows, host memory per sandbox, and which limit binds first (pids,
+cgroups, file descriptors, mounts, memory) — measured, by raising the count.
 
-    python benchmarks/many_sandboxes.py [--count 1000] [--nofile 1024] [--timeout 900]
+    python benchmarks/many_sandboxes.py [--count 1000] [--launch-budget 900] [--nofile 1024]
 
-The work runs in a child process under a wall-clock timeout; when it ends (or is killed) every
-sandbox it left is reclaimed by the orphan sweep, so a failure cannot leave the machine full of
-sandboxes. `--nofile` lowers the child's soft RLIMIT_NOFILE (the common default of 1,024) to see
-whether descriptors bind before the count is reached.
+Phases: open `--count` sandboxes (timing `execute(["true"])` at 1, 100, 250, ... open), then start
+a `sleep` in each, one at a time, each confirmed running (a `sleep` in its cgroup) before the
+next, until all run or the budget is spent; measure; kill the sleeps from the host; close. The
+work runs in a child process under a wall-clock timeout; whatever it leaves (killed, or a close
+that failed) is reclaimed by the orphan sweep. `--nofile` lowers the child's soft
+RLIMIT_NOFILE (1,024 is a common default) to see whether descriptors bind first.
 """
 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
+import contextlib
 import json
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -26,8 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-HOLD_S = 20.0
-"""How long every process keeps running once the last one has started."""
+LAUNCH_BUDGET_S = 900.0
+"""How long starting the processes may take in all; what started by then is measured."""
 TEARDOWN_BOUND_S = 600.0
 """How long after the common deadline every `execute` must have returned."""
 
@@ -63,126 +66,127 @@ def percentile(values: list[float] | list[int], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def child(count: int, snapshot: Path, hold_s: float) -> dict[str, Any]:
-    """Open `count` sandboxes, then start `sleep` in every one (one thread each), measure while
-    all run, close everything. Stops at the first failure and says what failed."""
+PROBE_AT = (1, 100, 250, 500, 750, 1000)
+"""Open-sandbox counts at which one `execute(["true"])` is timed (three times)."""
+
+
+def _running_sleep(sandbox: Any) -> int | None:
+    """The host pid of a `sleep` in the sandbox's cgroup, once the command is really running
+    (bwrap's own processes are in the group from the first instant of its setup)."""
+    for pid in _pids_of(sandbox):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "sleep":
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+def child(count: int, snapshot: Path, launch_budget_s: float) -> dict[str, Any]:
+    """Open `count` sandboxes (timing `execute(["true"])` at `PROBE_AT` counts), then start a
+    `sleep` in each, one at a time and each confirmed running, until all run or
+    `launch_budget_s` is spent; measure while they all run; stop them from the host; close."""
     from sandboxes import Limits, SandboxError, open_sandbox
 
-    # The default memory and pids limits: with 64 MB, bwrap itself was OOM-killed in every
-    # sandbox at 1,000 (it grows with the host's mount table; see benchmarks/README.md).
-    limits = Limits(cpus=0.1, disk_mb=8, wall_time_s=3600)
+    limits = Limits(wall_time_s=3600)
     before = meminfo_kb()
     rss_before_kb = rss_kb()
-    baseline = host_counts()
-    sandboxes = []
+    report: dict[str, Any] = {"count": count, "baseline": host_counts(), "failure": None}
+    sandboxes: list[Any] = []
     open_ms: list[float] = []
-    report: dict[str, Any] = {"count": count, "baseline": baseline, "failure": None}
-    started = time.monotonic()
+    probes: dict[int, Any] = {}
     try:
         for index in range(count):
             t0 = time.perf_counter()
             try:
                 sandboxes.append(open_sandbox(snapshot, limits=limits))
             except (SandboxError, OSError) as error:
-                report["failure"] = {
-                    "phase": "open",
-                    "at": index,
-                    "error": f"{type(error).__name__}: {error}"[:400],
-                    "counts": host_counts(),
-                }
+                report["failure"] = {"phase": "open", "at": index, "counts": host_counts(),
+                                     "error": f"{type(error).__name__}: {error}"[:400]}  # fmt: skip
                 break
             open_ms.append((time.perf_counter() - t0) * 1000)
+            if len(sandboxes) in PROBE_AT:
+                runs = [sandboxes[-1].execute(["true"], timeout_s=120) for _ in range(3)]
+                probes[len(sandboxes)] = {
+                    "mounts": host_counts()["mounts"],
+                    "true_ms": sorted(round(r.duration_s * 1000, 1) for r in runs),
+                    "peak_mb": round(_memory_bytes(sandboxes[-1], peak=True) / 2**20, 1),
+                }
+                print(json.dumps({"probe": len(sandboxes), **probes[len(sandboxes)]}),
+                      file=sys.stderr, flush=True)  # fmt: skip
         report["opened"] = len(sandboxes)
-        report["open_wall_s"] = time.monotonic() - started
         report["open_ms"] = {
             "p50": percentile(open_ms, 0.5),
             "p90": percentile(open_ms, 0.9),
             "p99": percentile(open_ms, 0.99),
             "max": max(open_ms),
-            "p50_by_tenth": [
-                round(statistics.median(open_ms[i : i + max(1, len(open_ms) // 10)]), 1)
-                for i in range(0, len(open_ms), max(1, len(open_ms) // 10))
-            ],
         }
+        report["execute_true_by_open_count"] = probes
         idle = meminfo_kb()
         report["idle_counts"] = host_counts()
 
-        # Every process sleeps until one common deadline, so all are alive at once for a
-        # while without any signal from here; the deadline leaves room to start them all.
-        per_start_s = 0.05
-        deadline = time.time() + per_start_s * len(sandboxes) + 30 + hold_s
-        errors: list[str] = []
-        running = threading.Semaphore(0)
+        results: list[Any] = []
+        start_ms: list[float] = []
 
-        def run(sandbox: Any) -> float:
-            running.release()
-            remaining = deadline - time.time()
-            result = sandbox.execute(
-                ["/bin/sleep", f"{max(0.0, remaining):.1f}"], timeout_s=remaining + 60
-            )
-            if result.exit_code != 0:
-                errors.append(
-                    f"exit {result.exit_code} after {result.duration_s:.1f} s of a "
-                    f"{remaining:.1f} s sleep (timed out: {result.timed_out}, OOM-killed: "
-                    f"{result.oom_killed}): {result.stderr[:200]}"
-                )
-            return result.duration_s
+        def run(sandbox: Any) -> None:
+            results.append(sandbox.execute(["/bin/sleep", "3000"], timeout_s=3300))
 
+        threads = []
         launch_started = time.monotonic()
-        with concurrent.futures.ThreadPoolExecutor(max_workers=len(sandboxes) or 1) as pool:
-            futures = [pool.submit(run, sandbox) for sandbox in sandboxes]
-            for _ in sandboxes:
-                running.acquire()
-            # Wait until every sandbox's cgroup holds its process (bwrap + sleep).
-            alive = 0
-            while time.time() < deadline - hold_s / 2:
-                alive = sum(1 for s in sandboxes if _pids_in(s) >= 1)
-                if alive == len(sandboxes) or any(f.done() for f in futures):
-                    break
-                time.sleep(0.5)
-            report["launch_wall_s"] = time.monotonic() - launch_started
-            report["alive_at_once"] = alive
-            loaded = meminfo_kb()
-            report["running_counts"] = host_counts()
-            report["pids_per_sandbox"] = statistics.median(_pids_in(s) for s in sandboxes)
-            report["cgroup_memory_mb_per_sandbox"] = (
-                statistics.fmean(_memory_bytes(s) for s in sandboxes) / 2**20
+        for sandbox in sandboxes:
+            if time.monotonic() - launch_started > launch_budget_s:
+                break
+            t0 = time.perf_counter()
+            thread = threading.Thread(target=run, args=(sandbox,), daemon=True)
+            thread.start()
+            threads.append(thread)
+            while _running_sleep(sandbox) is None and thread.is_alive():
+                time.sleep(0.002)
+            start_ms.append((time.perf_counter() - t0) * 1000)
+        report["launch_wall_s"] = time.monotonic() - launch_started
+        report["start_to_running_ms_by_tenth"] = [
+            round(statistics.median(start_ms[i : i + max(1, len(start_ms) // 10)]), 1)
+            for i in range(0, len(start_ms), max(1, len(start_ms) // 10))
+        ]
+        sleeping = {s.sandbox_id: _running_sleep(s) for s in sandboxes[: len(threads)]}
+        report["alive_at_once"] = sum(1 for pid in sleeping.values() if pid is not None)
+        loaded = meminfo_kb()
+        report["running_counts"] = host_counts()
+        report["pids_per_sandbox"] = statistics.median(
+            len(_pids_of(s)) for s in sandboxes[: len(threads)]
+        )
+        report["cgroup_memory_mb_per_sandbox"] = (
+            statistics.fmean(_memory_bytes(s) for s in sandboxes[: len(threads)]) / 2**20
+        )
+        running = max(1, len(threads))
+        report["host_mb_per_sandbox"] = {
+            # The child's own growth: a thread, pipes and a Popen per running sandbox.
+            "owner_rss": (rss_kb() - rss_before_kb) / 1024 / running,
+            "idle_memavailable": (before["MemAvailable"] - idle["MemAvailable"]) / 1024 / count,
+            "running_memavailable": (before["MemAvailable"] - loaded["MemAvailable"])
+            / 1024
+            / running,
+            "running_kernel": (
+                (loaded["Slab"] + loaded["KernelStack"] + loaded["PageTables"])
+                - (before["Slab"] + before["KernelStack"] + before["PageTables"])
             )
-            report["host_mb_per_sandbox"] = {
-                # The child's own growth: a thread, pipes and a Popen per running sandbox.
-                "owner_rss": (rss_kb() - rss_before_kb) / 1024 / max(1, len(sandboxes)),
-                "idle_memavailable": (before["MemAvailable"] - idle["MemAvailable"])
-                / 1024
-                / max(1, len(sandboxes)),
-                "running_memavailable": (before["MemAvailable"] - loaded["MemAvailable"])
-                / 1024
-                / max(1, len(sandboxes)),
-                "running_kernel": (
-                    (loaded["Slab"] + loaded["KernelStack"] + loaded["PageTables"])
-                    - (before["Slab"] + before["KernelStack"] + before["PageTables"])
-                )
-                / 1024
-                / max(1, len(sandboxes)),
-            }
-            # Every sleep ends at the deadline; a thousand executes then read their pipes, reap
-            # and empty their cgroups at once, which takes a while on two loaded cores.
-            for future in futures:
-                try:
-                    future.result(timeout=max(1.0, deadline - time.time() + TEARDOWN_BOUND_S))
-                except Exception as error:
-                    errors.append(f"{type(error).__name__}: {error}"[:300])
-            report["all_returned_after_deadline_s"] = time.time() - deadline
-            peaks = [_memory_bytes(s, peak=True) for s in sandboxes]
-            report["cgroup_peak_memory_mb"] = {
-                "p50": percentile(peaks, 0.5) / 2**20,
-                "max": max(peaks, default=0) / 2**20,
-            }
-        if errors and report["failure"] is None:
+            / 1024
+            / running,
+        }
+        # Stop the workload from the host (each sleep is this benchmark's own process), one at
+        # a time: a thousand namespaces torn down at once contend for the kernel's mount lock.
+        stop_started = time.monotonic()
+        for pid, thread in zip(sleeping.values(), threads, strict=True):
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            thread.join(timeout=max(1.0, TEARDOWN_BOUND_S - (time.monotonic() - stop_started)))
+        report["stop_wall_s"] = time.monotonic() - stop_started
+        report["executes_returned"] = len(results)
+        if any(thread.is_alive() for thread in threads):
             report["failure"] = {
-                "phase": "execute",
-                "errors": len(errors),
-                "first": errors[0],
-                "counts": report["running_counts"],
+                "phase": "stop",
+                "still_running": sum(t.is_alive() for t in threads),
             }
     finally:
         close_started = time.monotonic()
@@ -198,19 +202,20 @@ def child(count: int, snapshot: Path, hold_s: float) -> dict[str, Any]:
     return report
 
 
+def _pids_of(sandbox: Any) -> list[int]:
+    for path in (
+        _cgroup_file(sandbox, "pids", "cgroup.procs"),
+        Path("/sys/fs/cgroup/rollyard") / sandbox.sandbox_id / "cgroup.procs",
+    ):
+        try:
+            return [int(p) for p in path.read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return []
+
+
 def _cgroup_file(sandbox: Any, controller: str, name: str) -> Path:
     return Path("/sys/fs/cgroup") / controller / "rollyard" / sandbox.sandbox_id / name
-
-
-def _pids_in(sandbox: Any) -> int:
-    try:
-        return int(_cgroup_file(sandbox, "pids", "pids.current").read_text())
-    except (OSError, ValueError):
-        path = Path("/sys/fs/cgroup/rollyard") / sandbox.sandbox_id / "pids.current"  # v2
-        try:
-            return int(path.read_text())
-        except (OSError, ValueError):
-            return 0
 
 
 def _memory_bytes(sandbox: Any, *, peak: bool = False) -> int:
@@ -251,8 +256,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--nofile", type=int, help="soft RLIMIT_NOFILE for the child")
-    parser.add_argument("--timeout", type=float, default=1500.0, help="wall limit of the child")
-    parser.add_argument("--hold", type=float, default=HOLD_S)
+    parser.add_argument("--timeout", type=float, default=2400.0, help="wall limit of the child")
+    parser.add_argument("--launch-budget", type=float, default=LAUNCH_BUDGET_S)
     parser.add_argument("--json", type=Path, help="also write the report here")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -263,7 +268,7 @@ def main() -> int:
         if args.nofile:
             _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
             resource.setrlimit(resource.RLIMIT_NOFILE, (args.nofile, hard))
-        print(json.dumps(child(args.count, args.child, args.hold)), flush=True)
+        print(json.dumps(child(args.count, args.child, args.launch_budget)), flush=True)
         return 0
 
     from sandboxes import host
@@ -273,7 +278,7 @@ def main() -> int:
         snapshot.mkdir()
         (snapshot / "README").write_text("one file, the smallest workspace\n")
         command = [sys.executable, __file__, "--count", str(args.count),
-                   "--hold", str(args.hold), "--child", str(snapshot)]  # fmt: skip
+                   "--launch-budget", str(args.launch_budget), "--child", str(snapshot)]  # fmt: skip
         if args.nofile:
             command += ["--nofile", str(args.nofile)]
         limits = {
@@ -291,6 +296,8 @@ def main() -> int:
             out, _ = process.communicate(timeout=args.timeout)
             report = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
             report["child_exit"] = process.returncode
+            if process.returncode != 0 and not report.get("failure"):
+                report["failure"] = {"phase": "child", "exit": process.returncode}
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, 9)
             process.wait()

@@ -705,7 +705,9 @@ def sweep(workload: Workload, costs: Costs) -> dict[str, list[dict[str, Any]]]:
     return tables
 
 
-def plot(tables: dict[str, list[dict[str, Any]]], out_dir: Path, title: str) -> list[Path]:
+def plot(
+    tables: dict[str, list[dict[str, Any]]], out_dir: Path, title: str, name: str
+) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -737,7 +739,7 @@ def plot(tables: dict[str, list[dict[str, Any]]], out_dir: Path, title: str) -> 
     axes[0][0].legend()
     fig.suptitle(title)
     fig.tight_layout()
-    path = out_dir / "simulate_grid.png"
+    path = out_dir / f"{name}_grid.png"
     fig.savefig(path, dpi=90)
     plt.close(fig)
     written.append(path)
@@ -766,7 +768,7 @@ def plot(tables: dict[str, list[dict[str, Any]]], out_dir: Path, title: str) -> 
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8)
     fig.tight_layout()
-    path = out_dir / "simulate_defaults.png"
+    path = out_dir / f"{name}_defaults.png"
     fig.savefig(path, dpi=90)
     plt.close(fig)
     written.append(path)
@@ -836,6 +838,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     export.add_argument("--run-id", required=True)
     export.add_argument("--out", type=Path, default=FIGURES_FILE)
     export.add_argument(
+        "--skip-iterations", type=int, default=1, help="leave out each run's first iterations"
+    )
+    export.add_argument(
         "--schedule", choices=("round_robin", "longest_first"), default="round_robin"
     )
     plot_cal = commands.add_parser("plot-calibration", help="bar chart of calibration reports")
@@ -862,7 +867,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "export":
         report = calibrate(args.store, args.run_id, seeds=200, schedule=args.schedule)
-        workload = workload_from_store(args.store, args.run_id, skip_iterations=1)
+        workload = workload_from_store(
+            args.store, args.run_id, skip_iterations=args.skip_iterations
+        )
         figures = {
             "measured": {k: v for k, v in report.items() if k != "costs"},
             "costs": report["costs"],
@@ -899,7 +906,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(tables, indent=1) + "\n")
     plot(tables, args.out, f"{len(workload.tasks)} tasks, mean episode "
-         f"{workload.mean_episode_s():.1f} s, spread {workload.spread():.1f}x")  # fmt: skip
+         f"{workload.mean_episode_s():.1f} s, spread {workload.spread():.1f}x", args.name)  # fmt: skip
     columns = ("sandboxes", "gpus", "mode", "trainer_idle", "sandbox_utilization",
                "trained_per_s", "shard_commits_per_s", "log_commits_per_s", "dropped_share")  # fmt: skip
     print(markdown_table(tables["grid"], columns))
