@@ -680,23 +680,34 @@ def result_row(result: SimResult) -> dict[str, Any]:
     }
 
 
-def sweep(workload: Workload, costs: Costs) -> dict[str, list[dict[str, Any]]]:
-    """The main grid, then one axis at a time around a middle point for the defaults."""
-    tables: dict[str, list[dict[str, Any]]] = {"grid": []}
-    for sandboxes in SANDBOX_COUNTS:
-        for gpus in GPU_COUNTS:
-            for mode in MODES:
-                config = scale_config(sandboxes, mode, gpus, workload)
-                tables["grid"].append(result_row(simulate(config, workload, costs)))
-                print(json.dumps(tables["grid"][-1]), flush=True)
-    axes: dict[str, tuple[int, str, int, Sequence[int], dict[str, Any]]] = {
-        # name (the field varied): (sandboxes, mode, gpus, values, other changes)
-        # Rollout-bound (256 GPUs) with one episode a shard: the most commits a second.
-        "commit_group": (10_000, "streaming", 256, (1, 2, 4, 8, 16, 64), {"shard_episodes": 1}),
-        "shard_episodes": (1_000, "sync", 16, (1, 2, 4, 8, 16), {}),
-        "staleness": (1_000, "streaming", 16, (0, 1, 2, 4), {}),
-    }
-    for name, (sandboxes, mode, gpus, values, fixed) in axes.items():
+AXES: dict[str, tuple[int, str, int, Sequence[int], dict[str, Any]]] = {
+    # name (the field varied): (sandboxes, mode, gpus, values, other changes)
+    # Rollout-bound (256 GPUs) with one episode a shard: the most commits a second.
+    "commit_group": (10_000, "streaming", 256, (1, 4, 16, 64), {"shard_episodes": 1, "batches": 2}),
+    "shard_episodes": (1_000, "sync", 16, (1, 2, 4, 8, 16), {}),
+    "staleness": (1_000, "streaming", 16, (0, 1, 2, 4), {}),
+}
+
+
+def sweep(
+    workload: Workload,
+    costs: Costs,
+    *,
+    grid: list[dict[str, Any]] | None = None,
+    axes: Sequence[str] = tuple(AXES),
+) -> dict[str, list[dict[str, Any]]]:
+    """The main grid (or `grid`, rows of an earlier sweep's output), then one axis at a time
+    around a middle point, for the defaults."""
+    tables: dict[str, list[dict[str, Any]]] = {"grid": list(grid or [])}
+    if grid is None:
+        for sandboxes in SANDBOX_COUNTS:
+            for gpus in GPU_COUNTS:
+                for mode in MODES:
+                    config = scale_config(sandboxes, mode, gpus, workload)
+                    tables["grid"].append(result_row(simulate(config, workload, costs)))
+                    print(json.dumps(tables["grid"][-1]), flush=True)
+    for name in axes:
+        sandboxes, mode, gpus, values, fixed = AXES[name]
         tables[name] = []
         for value in values:
             config = scale_config(sandboxes, mode, gpus, workload, **{**fixed, name: value})
@@ -745,7 +756,7 @@ def plot(
     written.append(path)
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 4), squeeze=False)
-    for axis, (name, field, label) in zip(
+    for axis, (axis_name, field, label) in zip(
         axes[0],
         (
             ("commit_group", "commit_group", "shards per Delta log commit"),
@@ -754,14 +765,17 @@ def plot(
         ),
         strict=True,
     ):
-        rows = tables[name]
+        if axis_name not in tables:
+            axis.set_visible(False)
+            continue
+        rows = tables[axis_name]
         xs = [r[field] for r in rows]
         axis.plot(xs, [r["sandbox_utilization"] for r in rows], marker="o", label="sandbox util.")
         axis.plot(xs, [1 - r["trainer_idle"] for r in rows], marker="s", label="trainer busy")
-        if name == "staleness":
+        if axis_name == "staleness":
             axis.plot(xs, [r["dropped_share"] for r in rows], marker="x", label="groups dropped")
         first = rows[0]
-        axis.set_title(f"{name}: {first['sandboxes']:,} sandboxes, {first['mode']}, "
+        axis.set_title(f"{axis_name}: {first['sandboxes']:,} sandboxes, {first['mode']}, "
                        f"{first['gpus']} GPUs", fontsize=9)  # fmt: skip
         axis.set_xlabel(label)
         axis.set_ylim(0, 1.05)
@@ -856,6 +870,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     run.add_argument("--out", type=Path, default=PLOTS_DIR)
     run.add_argument("--name", default="simulate", help="prefix of the written files")
+    run.add_argument(
+        "--grid-from", type=Path, help="reuse the grid rows a sweep printed (its output, saved)"
+    )
+    run.add_argument("--axes", nargs="*", choices=tuple(AXES), default=list(AXES))
     args = parser.parse_args(argv)
 
     if args.command == "calibrate":
@@ -902,7 +920,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     costs = Costs()
     print(f"workload: {len(workload.tasks)} tasks, mean episode {workload.mean_episode_s():.1f} s, "
           f"spread of task medians {workload.spread():.1f}x", flush=True)  # fmt: skip
-    tables = sweep(workload, costs)
+    grid = None
+    if args.grid_from:
+        rows = [json.loads(line) for line in args.grid_from.read_text().splitlines()
+                if line.startswith('{"sandboxes"')]  # fmt: skip
+        grid = rows[: len(SANDBOX_COUNTS) * len(GPU_COUNTS) * len(MODES)]
+    tables = sweep(workload, costs, grid=grid, axes=args.axes)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(tables, indent=1) + "\n")
     plot(tables, args.out, f"{len(workload.tasks)} tasks, mean episode "
@@ -910,7 +933,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     columns = ("sandboxes", "gpus", "mode", "trainer_idle", "sandbox_utilization",
                "trained_per_s", "shard_commits_per_s", "log_commits_per_s", "dropped_share")  # fmt: skip
     print(markdown_table(tables["grid"], columns))
-    for name in ("commit_group", "shard_episodes", "staleness"):
+    for name in args.axes:
         print(f"\n{name}\n" + markdown_table(tables[name], (name, *columns)))
     return 0
 
