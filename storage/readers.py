@@ -172,9 +172,7 @@ class SnapshotReader:
         Close the connection when done (it is a context manager).
         """
         write_directory = (
-            None
-            if allow_writes_to is None
-            else export_directory(allow_writes_to, self.engine.root)
+            None if allow_writes_to is None else export_directory(allow_writes_to, self.engine.root)
         )
         con = open_connection()
         try:

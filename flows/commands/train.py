@@ -101,6 +101,14 @@ def _common_train_options(
         help="fail the run after the Dask cluster has had no worker this long (default 120)",
     )
     parser.add_argument(
+        "--episode-deadline",
+        type=positive_float,
+        default=900.0,
+        metavar="SECONDS",
+        help="a shard running longer than this per episode is hung: its Dask worker is "
+        "restarted and the shard runs again elsewhere (default 900)",
+    )
+    parser.add_argument(
         "--schedule",
         choices=("longest_first", "round_robin"),
         default="longest_first",
@@ -129,6 +137,7 @@ def _settings(args: argparse.Namespace, tasks_dir: Path) -> Any:
         max_attempts=args.max_attempts,
         recovery_mode=args.recovery_mode,
         no_worker_timeout_s=args.no_worker_timeout,
+        episode_deadline_s=args.episode_deadline,
     )
 
 
