@@ -59,7 +59,7 @@ def add_workload(task_dir: Path, tier: str) -> None:
 
 def generate_straggler_tasks(out_dir: Path, count: int, seed: int) -> dict[str, list[str]]:
     """Write `count` tasks under `out_dir`; returns task ids by tier."""
-    from tasks_lib.families.demo.generate import generate_demo_tasks
+    from tasks_lib.sources.families.demo.generate import generate_demo_tasks
 
     if out_dir.exists() and any(out_dir.iterdir()):
         raise SystemExit(f"error: {out_dir} is not empty; give a new directory with --out")

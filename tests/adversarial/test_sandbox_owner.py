@@ -131,7 +131,7 @@ def test_a_killed_sandbox_run_leaves_nothing_behind(sandbox_root: Path, workspac
 def test_a_killed_train_leaves_no_sandbox_behind(sandbox_root: Path, tmp_path: Path) -> None:
     """`kill -9` of the train process alone (not its group): its Dask workers, which own the
     sandboxes, exit with it, and their supervisors tear the sandboxes down."""
-    from tasks_lib.families.demo.generate import generate_demo_tasks
+    from tasks_lib.sources.families.demo.generate import generate_demo_tasks
 
     tasks = tmp_path / "tasks"
     generate_demo_tasks(tasks, 2, seed=0)
