@@ -111,11 +111,23 @@ def check_host() -> str:
     return bwrap
 
 
+def _probe_binds() -> list[str]:
+    """Just enough of the host for `true` to run. Binding `/` would make bwrap walk every mount
+    on the host, and a mount that another sandbox tears down mid-walk fails the probe."""
+    binds = ["--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "lib", "lib64", "sbin"):
+        path = Path("/", name)
+        if path.is_symlink():  # a merged /usr: /bin -> usr/bin
+            binds += ["--symlink", os.readlink(path), str(path)]
+        elif path.is_dir():
+            binds += ["--ro-bind", str(path), str(path)]
+    return binds
+
+
 def _check_userns_works(bwrap: str) -> None:
     probe = subprocess.run(
         ["setpriv", f"--reuid={SANDBOX_HOST_UID}", f"--regid={SANDBOX_HOST_UID}",
-         "--clear-groups", bwrap, "--unshare-all", "--unshare-user", "--ro-bind", "/", "/",
-         "true"],
+         "--clear-groups", bwrap, "--unshare-all", "--unshare-user", *_probe_binds(), "true"],
         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, check=False,
     )  # fmt: skip
     if probe.returncode != 0:
