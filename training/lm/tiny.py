@@ -22,7 +22,6 @@ import math
 import random
 import shutil
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -118,9 +117,7 @@ class ToolCallTraining:
     batch_size: int = 4
     learning_rate: float = 3e-3
     transcripts: int = 48
-    """Synthetic transcripts drawn (from as many demo tasks) and cycled through."""
-    max_seconds: float = 90.0
-    """Stop early when the fine-tune has run this long (a slow machine still finishes)."""
+    """Synthetic transcripts drawn and sampled from."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -193,12 +190,50 @@ def build_tiny_model(
     return out
 
 
-def parameter_count(model_dir: str | Path) -> int:
-    """Parameters of the model saved in `model_dir` (tied embeddings counted once)."""
-    from transformers import AutoModelForCausalLM
+def cached_tiny_model(
+    cache_dir: str | Path,
+    *,
+    seed: int = 0,
+    size: TinyModelSize | None = None,
+    tool_call_training: ToolCallTraining | None = None,
+) -> Path:
+    """`build_tiny_model`'s directory for these arguments, built under `cache_dir` on first use
+    and reused after. The cache key digests everything the build reads: the arguments, this
+    module's source, the task families' source and the tool schemas (the tokenizer corpus and
+    the transcripts), and the torch/transformers/tokenizers versions."""
+    target = Path(cache_dir) / f"tiny-{_build_digest(seed, size, tool_call_training)[:20]}"
+    if (target / "config.json").is_file():
+        return target
+    try:
+        return build_tiny_model(target, seed=seed, size=size, tool_call_training=tool_call_training)
+    except OSError:
+        # Another process built the same model and moved it into place first.
+        if (target / "config.json").is_file():
+            return target
+        raise
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    return sum(parameter.numel() for parameter in model.parameters())
+
+def _build_digest(
+    seed: int, size: TinyModelSize | None, tool_call_training: ToolCallTraining | None
+) -> str:
+    import hashlib
+
+    import tokenizers
+    import transformers
+
+    import tasks_lib.families
+    from training.chat_policy import SYSTEM_PROMPT, TOOL_SCHEMAS
+
+    digest = hashlib.sha256()
+    arguments = (seed, size or TinyModelSize(), tool_call_training)
+    versions = (torch.__version__, transformers.__version__, tokenizers.__version__)
+    digest.update(repr((arguments, versions, SYSTEM_PROMPT, TOOL_SCHEMAS)).encode())
+    digest.update(Path(__file__).read_bytes())
+    families_dir = Path(tasks_lib.families.__file__).parent
+    for path in sorted(families_dir.rglob("*.py")):
+        digest.update(path.relative_to(families_dir).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 # -- the tokenizer ------------------------------------------------------------------------------
@@ -425,10 +460,7 @@ def _fine_tune_on_transcripts(
     optimizer = torch.optim.AdamW(model.parameters(), lr=training.learning_rate, weight_decay=0.0)
     order = random.Random(f"rollyard-tiny-order:{seed}")
     model.train()
-    started = time.monotonic()
     for step in range(training.steps):
-        if time.monotonic() - started > training.max_seconds:
-            break
         batch = order.sample(encoded, k=min(training.batch_size, len(encoded)))
         length = max(len(ids) for ids, _ in batch)
         input_ids = torch.full((len(batch), length), pad_id, dtype=torch.long)
@@ -455,11 +487,41 @@ def _fine_tune_on_transcripts(
 def _assistant_token_loss(
     model: Any, input_ids: torch.Tensor, attention: torch.Tensor, labels: torch.Tensor
 ) -> torch.Tensor:
-    """Mean cross-entropy of the trained tokens. The output layer runs only at the positions
-    that predict one: most of a transcript is prompt, and the vocabulary-wide matmul over every
-    position would be most of the fine-tune's cost."""
-    hidden = model.model(input_ids=input_ids, attention_mask=attention).last_hidden_state
-    targets = labels[:, 1:]
+    """Mean cross-entropy of the trained tokens (right-padded rows, `labels` -100 elsewhere).
+
+    Two savings that leave the loss as it is: the prefix every row shares (the system prompt
+    and the tools' schemas, a third of a transcript) runs once and its keys and values are
+    shared by the rows; the output layer runs only at positions that predict a trained token
+    (the vocabulary-wide matmul over every position would dominate the cost)."""
+    from transformers import DynamicCache
+
+    batch, length = input_ids.shape
+    differs = (input_ids != input_ids[:1]).any(dim=0) | (attention == 0).any(dim=0)
+    trained = (labels != -100).any(dim=0)
+    stops = torch.nonzero(differs | trained)
+    # The shared prefix ends before the first column where rows differ or a token trains (that
+    # token is predicted by the position before it, which must be in the per-row part).
+    shared = int(stops[0]) - 1 if len(stops) else length - 1
+    if shared < 1:
+        hidden = model.model(input_ids=input_ids, attention_mask=attention).last_hidden_state
+        targets = labels[:, 1:]
+        hidden = hidden[:, :-1]
+    else:
+        prefix = model.model(input_ids=input_ids[:1, :shared], use_cache=True).cache
+        cache = DynamicCache(
+            ddp_cache_data=[
+                (keys.expand(batch, -1, -1, -1), values.expand(batch, -1, -1, -1))
+                for keys, values, *_ in prefix
+            ]
+        )
+        positions = torch.arange(shared, length).expand(batch, -1)
+        hidden = model.model(
+            input_ids=input_ids[:, shared:],
+            attention_mask=attention,
+            position_ids=positions,
+            cache=cache,
+        ).last_hidden_state[:, :-1]
+        targets = labels[:, shared + 1 :]
     predicting = targets != -100
-    logits = model.lm_head(hidden[:, :-1][predicting])
+    logits = model.lm_head(hidden[predicting])
     return torch.nn.functional.cross_entropy(logits.float(), targets[predicting])
