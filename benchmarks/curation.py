@@ -56,7 +56,6 @@ import tomli_w
 from tasks_lib import generate_demo_tasks, load_task, solution_changes
 from tasks_lib.curate import (
     PARTS,
-    AdmittedTask,
     CurationSettings,
     TaskChecks,
     TaskVerdict,
@@ -136,7 +135,7 @@ def closest_pair_distance(points):
                 best = distance
     return best
 ''',
-        '''\
+        """\
 import pytest
 
 from geomkit.shapes import (
@@ -203,7 +202,7 @@ def test_manhattan():
 def test_closest_pair_distance():
     assert closest_pair_distance([(0, 0), (5, 5), (1, 1), (9, 0)]) == 2
     assert closest_pair_distance([(0, 0)]) is None
-''',
+""",
     ),
     "ledgerbook": (
         "ledgerbook/entries.py",
@@ -264,7 +263,7 @@ def apply_fee(amount, percent, minimum=25):
     fee = amount * percent // 100
     return amount - max(fee, minimum)
 ''',
-        '''\
+        """\
 import pytest
 
 from ledgerbook.entries import (
@@ -320,7 +319,7 @@ def test_apply_fee_percent():
 
 def test_apply_fee_minimum():
     assert apply_fee(1000, 1) == 975
-''',
+""",
     ),
 }
 
@@ -359,7 +358,9 @@ def _bugs(task_dir: Path) -> tuple[str, ...]:
     return tuple(sorted(document["metadata"]["bugs"]))
 
 
-def distinct_tasks(root: Path, demo_tasks: int, synth_tasks: int, seed: int) -> tuple[list[Item], int]:
+def distinct_tasks(
+    root: Path, demo_tasks: int, synth_tasks: int, seed: int
+) -> tuple[list[Item], int]:
     """The distinct tasks and how many demo tasks were set aside as the same bug set again."""
     items: list[Item] = []
     seen: set[tuple[str, ...]] = set()
@@ -463,12 +464,16 @@ def rename_identifiers(task_dir: Path, rng: random.Random) -> None:
     for path in task_dir.rglob("*.py"):
         if "solution" not in path.relative_to(task_dir).parts:
             path.write_text(renamer.python(path.read_text()))
-    (task_dir / "instruction.md").write_text(renamer.markdown((task_dir / "instruction.md").read_text()))
+    (task_dir / "instruction.md").write_text(
+        renamer.markdown((task_dir / "instruction.md").read_text())
+    )
     # Module files and the package directory, deepest first.
     for path in sorted(task_dir.rglob("*"), key=lambda p: -len(p.parts)):
         stem = path.stem if path.is_file() else path.name
         if stem in renamer.mapping and (path.suffix == ".py" or path.is_dir()):
-            path.rename(path.with_name(renamer.mapping[stem] + (path.suffix if path.is_file() else "")))
+            path.rename(
+                path.with_name(renamer.mapping[stem] + (path.suffix if path.is_file() else ""))
+            )
     renamed_path = {rel: "/".join(renamer.mapping.get(Path(p).stem, Path(p).stem) + Path(p).suffix
                                   for p in rel.split("/")) for rel in fixed}  # fmt: skip
     _write_fix(task_dir, {renamed_path[rel]: text for rel, text in fixed.items()})
@@ -624,7 +629,9 @@ def plant(original: Item, kind: str, dest_root: Path, seed: int) -> Item:
 # -- the curation stage ----------------------------------------------------------------------------
 
 
-def fingerprint_stage(items: Sequence[Item], settings: CurationSettings) -> tuple[list[TaskChecks], float]:
+def fingerprint_stage(
+    items: Sequence[Item], settings: CurationSettings
+) -> tuple[list[TaskChecks], float]:
     """Per task: load, reference solution (one sandbox), fingerprint; mean seconds per task."""
     checks = []
     started = time.perf_counter()
@@ -632,11 +639,22 @@ def fingerprint_stage(items: Sequence[Item], settings: CurationSettings) -> tupl
         task = load_task(item.task_dir)
         print_ = task_fingerprint(task, solution_changes(task), settings)
         checks.append(
-            TaskChecks(task_dir=str(item.task_dir), task_id=task.id, task_version=task.version,
-                       family=task.family, source=task.source, declared_difficulty=None,
-                       n_fail_to_pass=len(task.fail_to_pass), n_pass_to_pass=len(task.pass_to_pass),
-                       reasons=(), flip_rates={}, runs=0, solution_passes=True,
-                       fingerprint=print_, difficulty=None)  # fmt: skip
+            TaskChecks(
+                task_dir=str(item.task_dir),
+                task_id=task.id,
+                task_version=task.version,
+                family=task.family,
+                source=task.source,
+                declared_difficulty=None,
+                n_fail_to_pass=len(task.fail_to_pass),
+                n_pass_to_pass=len(task.pass_to_pass),
+                reasons=(),
+                flip_rates={},
+                runs=0,
+                solution_passes=True,
+                fingerprint=print_,
+                difficulty=None,
+            )
         )
     return checks, (time.perf_counter() - started) / max(1, len(items))
 
@@ -788,7 +806,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         planted3 = copies_of(held_out, root / "copies-3")
         for policy in ("instance", "off"):
             tally = Tally("contaminated", f"3. evaluation set, {policy}")
-            verdicts = timed_decide([*library, *planted3], eval_set=eval_set, decontamination=policy)
+            verdicts = timed_decide(
+                [*library, *planted3], eval_set=eval_set, decontamination=policy
+            )
             assert all(v.decontamination == policy for v in verdicts)
             judge(verdicts, items, EVAL_RULES,
                   (lambda i: i.kind is not None) if policy == "instance" else (lambda i: False),
@@ -853,7 +873,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "fingerprint_stage_ms_per_task": round(1000 * statistics.mean(times), 1),
             "decide_ms_per_task": round(1000 * statistics.mean(decide_s), 2),
             "highest_distinct_similarity": {k: round(v, 3) for k, v in highest.items()},
-            "lowest_copy_similarity": {k: {p: round(v, 3) for p, v in row.items()} for k, row in lowest.items()},
+            "lowest_copy_similarity": {
+                k: {p: round(v, 3) for p, v in row.items()} for k, row in lowest.items()
+            },
         }
         print()
         print("| rule | scenario | expected | flagged | right | wrong | precision | recall |")
@@ -868,7 +890,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 cells = [f"{kinds[k][1]}/{kinds[k][0]}" if k in kinds else "-" for k in KINDS]
                 print(f"| {scenario} | " + " | ".join(cells) + " |")
         print()
-        print("| part | most similar distinct pair | " + " | ".join(f"least similar copy: {k}" for k in KINDS) + " |")
+        print(
+            "| part | most similar distinct pair | "
+            + " | ".join(f"least similar copy: {k}" for k in KINDS)
+            + " |"
+        )
         print("|---|---|" + "---|" * len(KINDS))
         for part in PARTS:
             cells = [f"{lowest[k][part]:.2f}" if part in lowest.get(k, {}) else "-" for k in KINDS]

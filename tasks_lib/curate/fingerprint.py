@@ -321,20 +321,33 @@ def _file_edits(before: list[str], after: list[str], window: int) -> list[list[s
     names: dict[str, str] = {}
     # Numbered in the reference file's order first: the same fixed code numbers the same way
     # whatever the bug, and a renamed copy numbers exactly like its original.
-    after_tokens = numbered(line_tokens(after), names)
-    before_tokens = numbered(line_tokens(before), names)
+    after_lines = [numbered(line_tokens([line]), names) for line in after]
+    before_lines = [numbered(line_tokens([line]), names) for line in before]
+    before_tokens = [token for line in before_lines for token in line]
+    offsets = [0]
+    for line in before_lines:
+        offsets.append(offsets[-1] + len(line))
     context = max(0, window - 1)
     edits = []
-    matcher = difflib.SequenceMatcher(None, before_tokens, after_tokens, autojunk=False)
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+    # Lines first (cheap on a large file), then tokens within each changed block of lines.
+    lines = difflib.SequenceMatcher(
+        None, [" ".join(x) for x in before_lines], [" ".join(x) for x in after_lines], False
+    )
+    for tag, i1, i2, j1, j2 in lines.get_opcodes():
         if tag == "equal":
             continue
-        edits.append(
-            before_tokens[max(0, i1 - context) : i1]
-            + [f"-{t}" for t in before_tokens[i1:i2]]
-            + [f"+{t}" for t in after_tokens[j1:j2]]
-            + before_tokens[i2 : i2 + context]
-        )
+        old = before_tokens[offsets[i1] : offsets[i2]]
+        new = [token for line in after_lines[j1:j2] for token in line]
+        for inner, a1, a2, b1, b2 in difflib.SequenceMatcher(None, old, new, False).get_opcodes():
+            if inner == "equal":
+                continue
+            start, end = offsets[i1] + a1, offsets[i1] + a2
+            edits.append(
+                before_tokens[max(0, start - context) : start]
+                + [f"-{t}" for t in old[a1:a2]]
+                + [f"+{t}" for t in new[b1:b2]]
+                + before_tokens[end : end + context]
+            )
     return edits
 
 

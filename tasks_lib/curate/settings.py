@@ -54,9 +54,11 @@ class CurationSettings:
     max_fail_to_pass: int = 50
     """More fail_to_pass tests than this is a sign of an over-broad task (VAL-3)."""
     shingle_tokens: int = 5
-    """Tokens per shingle for near-duplicate detection (BigCode uses 5)."""
+    """Tokens per shingle of the code parts (BigCode uses 5)."""
     near_duplicate_threshold: float = 0.8
-    """Estimated Jaccard similarity from which two tasks are near-duplicates."""
+    """Estimated Jaccard similarity from which a code part of two tasks matches (the change,
+    the failing tests, the hidden tests); see `similarity` for when matching parts make two
+    tasks one."""
     num_perm: int = 128
     """MinHash permutations."""
     instruction_threshold: float = 0.5

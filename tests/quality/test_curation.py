@@ -176,7 +176,9 @@ def test_duplicates_contamination_and_invalid_tasks(task_root: Path) -> None:
     leaked = next(r for r in verdicts["h-leaked"].reasons if r.rule == "contaminated")
     assert leaked.other == "eval-0" and {"change", "instruction"} <= set(dict(leaked.evidence))
     assert not any(
-        _rules(v) & {"contaminated", "eval_repository"} for k, v in verdicts.items() if k != "h-leaked"
+        _rules(v) & {"contaminated", "eval_repository"}
+        for k, v in verdicts.items()
+        if k != "h-leaked"
     )
     assert {v.decontamination for v in verdicts.values()} == {"instance"}
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tiny_tasks import BUGGY, CLEAN_TESTS, FIXED, INSTRUCTION, write_task
+from tiny_tasks import BUGGY, CLEAN_TESTS, FIXED, write_task
 
 from flows.cli import main as cli_main
 from storage import TrajectoryStore
@@ -72,7 +72,9 @@ def _reformatted(source: str) -> str:
     for line in source.splitlines():
         stripped = line.lstrip(" ")
         indent = "  " * ((len(line) - len(stripped)) // 4)
-        comment = "  # noted" if stripped and not stripped.startswith(('"""', "class", "def")) else ""
+        comment = (
+            "  # noted" if stripped and not stripped.startswith(('"""', "class", "def")) else ""
+        )
         out += [indent + stripped + comment, ""]
     return "\n".join(out)
 
@@ -198,17 +200,22 @@ def _library(root: Path) -> dict[str, Path]:
         "a-add": write_task(lib, "a-add", **CALC),
         # Same failing tests and instruction, another bug: a distinct task.
         "b-add-times": write_task(
-            lib, "b-add-times", buggy=BUGGY.replace("a - b", "a * b") + CALC_REST,
+            lib,
+            "b-add-times",
+            buggy=BUGGY.replace("a - b", "a * b") + CALC_REST,
             fixed=FIXED + CALC_REST,
-        ),  # fmt: skip
+        ),
         "c-scale": write_task(lib, "c-scale", **SCALE_ONLY),  # type: ignore[arg-type]
         "d-shout": write_task(
-            lib, "d-shout", buggy=OTHER_CODE_BASE, fixed=OTHER_CODE_BASE.replace(
-                'text.lower() + "!"', 'text.upper() + "!"'),
+            lib,
+            "d-shout",
+            buggy=OTHER_CODE_BASE,
+            fixed=OTHER_CODE_BASE.replace('text.lower() + "!"', 'text.upper() + "!"'),
             tests="from calc import shout\n\n\ndef test_shout():\n    assert shout('hi') == 'HI!'\n",
             instruction="# Shouting\n\n`shout` must upper-case its text.\n",
-            fail_to_pass=("tests/test_calc.py::test_shout",), pass_to_pass=(),
-        ),  # fmt: skip
+            fail_to_pass=("tests/test_calc.py::test_shout",),
+            pass_to_pass=(),
+        ),
     }
     dirs["e-add-renamed"] = _renamed_copy(dirs["a-add"], lib / "e-add-renamed", "e-add-renamed")
     return dirs
@@ -233,7 +240,9 @@ def test_one_task_needs_its_change_and_one_more_part(root: Path) -> None:
     print_a, print_b = (verdicts[k].checks.fingerprint for k in ("a-add", "b-add-times"))
     assert print_a and print_b
     assert print_a.parts["failing_tests"].exact == print_b.parts["failing_tests"].exact
-    assert print_a.parts["change"].jaccard(print_b.parts["change"]) < SETTINGS.near_duplicate_threshold
+    assert (
+        print_a.parts["change"].jaccard(print_b.parts["change"]) < SETTINGS.near_duplicate_threshold
+    )
 
     # Reordered tests and test ids: the failing tests read the same.
     reordered = write_task(
@@ -265,7 +274,11 @@ def test_decontamination_policies(root: Path) -> None:
         v.task_id: v for v in decide(library, SETTINGS, eval_set, decontamination="repository")
     }
     # Every task of the evaluation task's code base, none of the other one.
-    assert {k for k, v in repository.items() if not v.admitted} == {"a-add", "b-add-times", "c-scale"}
+    assert {k for k, v in repository.items() if not v.admitted} == {
+        "a-add",
+        "b-add-times",
+        "c-scale",
+    }
     assert all("eval_repository" in _rules(repository[k]) for k in ("a-add", "b-add-times"))
     assert repository["a-add"].reasons[0].other == "eval-scale"
     assert repository["d-shout"].admitted
@@ -284,12 +297,17 @@ def test_duplicates_of_earlier_batches_from_the_store(root: Path, tmp_path: Path
     store.record_tasks(verdict_rows(first), batch_id="b1")
     rows = store.query("SELECT task_id, status, reason, batch_id FROM tasks_latest").to_pylist()
     earlier, unreadable = earlier_admitted(rows)
-    assert unreadable == [] and sorted(a.fingerprint.task_id for a in earlier) == ["a-add", "c-scale"]
+    assert unreadable == [] and sorted(a.fingerprint.task_id for a in earlier) == [
+        "a-add",
+        "c-scale",
+    ]
 
     # Batch 2: a renamed copy of a-add, a new task, and c-scale itself curated again (its new
     # verdict replaces the earlier one: it is no duplicate of itself).
     second = decide(
-        [_checks(dirs[k]) for k in ("e-add-renamed", "d-shout", "c-scale")], SETTINGS, earlier=earlier
+        [_checks(dirs[k]) for k in ("e-add-renamed", "d-shout", "c-scale")],
+        SETTINGS,
+        earlier=earlier,
     )
     by_id = {v.task_id: v for v in second}
     assert by_id["d-shout"].admitted and by_id["c-scale"].admitted
@@ -299,7 +317,9 @@ def test_duplicates_of_earlier_batches_from_the_store(root: Path, tmp_path: Path
     store.record_tasks(verdict_rows(second), batch_id="b2")
 
     # --explain prints the rule, the other task and the evidence from the store.
-    assert cli_main(["curate", "--explain", "e-add-renamed", "--store", str(tmp_path / "store")]) == 0
+    assert (
+        cli_main(["curate", "--explain", "e-add-renamed", "--store", str(tmp_path / "store")]) == 0
+    )
 
 
 def test_explain_output_and_bad_input(
