@@ -629,15 +629,32 @@ def plant(original: Item, kind: str, dest_root: Path, seed: int) -> Item:
 # -- the curation stage ----------------------------------------------------------------------------
 
 
+@dataclasses.dataclass
+class StageTimes:
+    """Seconds per task of the fingerprint stage, by step."""
+
+    load_and_solution_s: list[float] = dataclasses.field(default_factory=list)
+    """Load the task and run its reference solution in a sandbox (the oracle runs do this
+    already: curation pays it once)."""
+    fingerprint_s: list[float] = dataclasses.field(default_factory=list)
+    """What this stage adds: the fingerprint of every part."""
+    decide_s: list[float] = dataclasses.field(default_factory=list)
+    """`decide`, per task of the batch."""
+
+
 def fingerprint_stage(
-    items: Sequence[Item], settings: CurationSettings
-) -> tuple[list[TaskChecks], float]:
-    """Per task: load, reference solution (one sandbox), fingerprint; mean seconds per task."""
+    items: Sequence[Item], settings: CurationSettings, times: StageTimes
+) -> list[TaskChecks]:
+    """Per task: load, reference solution (one sandbox), fingerprint."""
     checks = []
-    started = time.perf_counter()
     for item in items:
+        started = time.perf_counter()
         task = load_task(item.task_dir)
-        print_ = task_fingerprint(task, solution_changes(task), settings)
+        solution = solution_changes(task)
+        solved = time.perf_counter()
+        print_ = task_fingerprint(task, solution, settings)
+        times.load_and_solution_s.append(solved - started)
+        times.fingerprint_s.append(time.perf_counter() - solved)
         checks.append(
             TaskChecks(
                 task_dir=str(item.task_dir),
@@ -656,7 +673,7 @@ def fingerprint_stage(
                 difficulty=None,
             )
         )
-    return checks, (time.perf_counter() - started) / max(1, len(items))
+    return checks
 
 
 @dataclasses.dataclass
@@ -742,15 +759,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         eval_root.mkdir()
 
         # Fingerprints of every distinct task once; copies per scenario.
-        distinct_checks, distinct_s = fingerprint_stage(distinct, settings)
+        times = StageTimes()
+        distinct_checks = fingerprint_stage(distinct, settings, times)
         checks_of = {c.task_id: c for c in distinct_checks}
         items = {i.task_id: i for i in distinct}
-        times = [distinct_s] * len(distinct)
 
         tallies: list[Tally] = []
         by_kind: dict[str, dict[str, list[int]]] = {}
         false_rejections: list[str] = []
-        decide_s: list[float] = []
 
         def group_of(task_id: str) -> str | None:
             base = task_id.split(" ")[0]
@@ -759,14 +775,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         def timed_decide(checks: Sequence[TaskChecks], **kwargs: Any) -> list[TaskVerdict]:
             begun = time.perf_counter()
             verdicts = decide(checks, settings, **kwargs)
-            decide_s.append((time.perf_counter() - begun) / max(1, len(checks)))
+            times.decide_s.append((time.perf_counter() - begun) / max(1, len(checks)))
             return verdicts
 
         def copies_of(originals: Sequence[Item], where: Path) -> list[TaskChecks]:
             where.mkdir()
             planted = [plant(o, kind, where, args.seed) for o in originals for kind in KINDS]
-            checks, seconds = fingerprint_stage(planted, settings)
-            times.extend([seconds] * len(planted))
+            checks = fingerprint_stage(planted, settings, times)
             items.update({p.task_id: p for p in planted})
             return checks
 
@@ -870,8 +885,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "tallies": [dataclasses.asdict(t) for t in tallies],
             "recall_by_kind": by_kind,
             "false_rejections": false_rejections,
-            "fingerprint_stage_ms_per_task": round(1000 * statistics.mean(times), 1),
-            "decide_ms_per_task": round(1000 * statistics.mean(decide_s), 2),
+            "ms_per_task": {
+                step: {
+                    "median": round(1000 * statistics.median(values), 2),
+                    "p95": round(1000 * sorted(values)[int(0.95 * (len(values) - 1))], 2),
+                }
+                for step, values in dataclasses.asdict(times).items()
+            },
             "highest_distinct_similarity": {k: round(v, 3) for k, v in highest.items()},
             "lowest_copy_similarity": {
                 k: {p: round(v, 3) for p, v in row.items()} for k, row in lowest.items()
@@ -903,9 +923,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"false rejections of distinct tasks: {len(false_rejections)}")
         for line in false_rejections[:10]:
             print(f"  {line}")
-        print(f"curation time per task: fingerprint stage (load, reference solution in a sandbox, "
-              f"fingerprint) {figures['fingerprint_stage_ms_per_task']} ms; decide "
-              f"{figures['decide_ms_per_task']} ms")  # fmt: skip
+        print()
+        print("| step, per task | median ms | p95 ms |")
+        print("|---|---|---|")
+        for step, value in figures["ms_per_task"].items():
+            print(f"| {step} | {value['median']} | {value['p95']} |")
         if args.json:
             args.json.write_text(json.dumps(figures, indent=2, sort_keys=True))
         instance_ok = not false_rejections and all(

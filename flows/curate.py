@@ -97,8 +97,8 @@ def check_task(task_dir: str, settings: CurationSettings, sampler: Sampler | Non
     return check_task_dir(task_dir, settings, sampler=sampler)
 
 
-@task(name="earlier_admitted", cache_policy=NO_CACHE)
 def read_earlier_admitted(store: TrajectoryStore) -> list[AdmittedTask]:
+    """The tasks earlier batches admitted, with their fingerprints, from the `tasks` table."""
     logger = get_run_logger()
     rows = store.query(
         "SELECT task_id, status, reason, batch_id FROM tasks_latest "
