@@ -53,7 +53,8 @@ from typing import Any
 
 import tomli_w
 
-from tasks_lib import generate_demo_tasks, load_task, solution_changes
+from sandboxes import SandboxError
+from tasks_lib import CandidateChanges, Task, generate_demo_tasks, load_task, solution_changes
 from tasks_lib.curate import (
     PARTS,
     CurationSettings,
@@ -361,7 +362,27 @@ def _bugs(task_dir: Path) -> tuple[str, ...]:
 def distinct_tasks(
     root: Path, demo_tasks: int, synth_tasks: int, seed: int
 ) -> tuple[list[Item], int]:
-    """The distinct tasks and how many demo tasks were set aside as the same bug set again."""
+    """The distinct tasks and how many demo tasks were set aside as the same bug set again;
+    generated under `root/corpus`, or read back from an earlier run with the same arguments."""
+    manifest = root / "corpus" / "manifest.json"
+    wanted = {"demo_tasks": demo_tasks, "synth_tasks": synth_tasks, "seed": seed}
+    if manifest.is_file():
+        saved = json.loads(manifest.read_text())
+        if saved["arguments"] == wanted:
+            items = [Item(Path(d["task_dir"]), d["task_id"], d["group"], d["origin"])
+                     for d in saved["items"]]  # fmt: skip
+            return items, saved["same_bugs"]
+    shutil.rmtree(root / "corpus", ignore_errors=True)
+    items, same_bugs = _generate(root / "corpus", demo_tasks, synth_tasks, seed)
+    manifest.write_text(json.dumps({
+        "arguments": wanted, "same_bugs": same_bugs,
+        "items": [{"task_dir": str(i.task_dir), "task_id": i.task_id, "group": i.group,
+                   "origin": i.origin} for i in items],
+    }))  # fmt: skip
+    return items, same_bugs
+
+
+def _generate(root: Path, demo_tasks: int, synth_tasks: int, seed: int) -> tuple[list[Item], int]:
     items: list[Item] = []
     seen: set[tuple[str, ...]] = set()
     same_bugs = 0
@@ -374,7 +395,15 @@ def distinct_tasks(
         items.append(Item(task_dir, load_task(task_dir).id, task_dir.name, "demo"))
     for name in REPOSITORIES:
         project = make_repository(root / "projects", name)
-        report = synthesize_tasks(project, root / name, max_tasks=synth_tasks, seed=seed)
+        for attempt in range(3):
+            try:
+                report = synthesize_tasks(project, root / name, max_tasks=synth_tasks, seed=seed)
+                break
+            except SandboxError as error:  # the host's sandboxes broke, not the benchmark
+                print(f"synthesis of {name}, attempt {attempt + 1}: {error}", file=sys.stderr)
+                shutil.rmtree(root / name, ignore_errors=True)
+        else:
+            raise SystemExit(f"synthesis of {name} failed three times on sandbox errors")
         for task_dir in map(Path, report.task_dirs):
             items.append(Item(task_dir, load_task(task_dir).id, task_dir.name, name))
     return items, same_bugs
@@ -642,6 +671,19 @@ class StageTimes:
     """`decide`, per task of the batch."""
 
 
+def _solution(task: Task) -> CandidateChanges:
+    """The reference solution's changes; a sandbox that breaks (a loaded shared host) is tried
+    again, twice at most."""
+    for attempt in range(3):
+        try:
+            return solution_changes(task)
+        except SandboxError as error:
+            if attempt == 2:
+                raise
+            print(f"{task.id}: sandbox error, trying again: {error}", file=sys.stderr)
+    raise AssertionError("unreachable")
+
+
 def fingerprint_stage(
     items: Sequence[Item], settings: CurationSettings, times: StageTimes
 ) -> list[TaskChecks]:
@@ -650,7 +692,7 @@ def fingerprint_stage(
     for item in items:
         started = time.perf_counter()
         task = load_task(item.task_dir)
-        solution = solution_changes(task)
+        solution = _solution(task)
         solved = time.perf_counter()
         print_ = task_fingerprint(task, solution, settings)
         times.load_and_solution_s.append(solved - started)
@@ -731,12 +773,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--originals", type=int, default=6, help="tasks copied per scenario")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="keep the generated tasks here and reuse them in a later run with the same "
+        "arguments (default: a temporary directory, removed at the end)",
+    )
     args = parser.parse_args(argv)
     settings = CurationSettings()
     rng = random.Random(args.seed)
     # Task files are read by the unprivileged sandbox user: not under a 0700 temp dir.
-    root = Path(tempfile.mkdtemp(prefix="rollyard-curation-bench-", dir="/var/tmp"))
+    root = args.workdir or Path(tempfile.mkdtemp(prefix="rollyard-curation-bench-", dir="/var/tmp"))
+    root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o755)
+    for scratch in [p for p in root.iterdir() if p.name != "corpus"]:
+        shutil.rmtree(scratch)  # copies and evaluation sets of an earlier run
     try:
         started = time.perf_counter()
         distinct, same_bugs = distinct_tasks(root, args.demo_tasks, args.synth_tasks, args.seed)
@@ -936,7 +988,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"targets: {'PASS' if instance_ok else 'FAIL'}")
         return 0 if instance_ok else 1
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        if args.workdir is None:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ class Match:
     matched: tuple[str, ...]
     """Parts at or above their threshold, in `PARTS` order."""
     exact: bool
-    """Every compared part has the same normalised hash."""
+    """The instruction and every compared code part have the same normalised hash."""
     environment: float | None
     """Estimated share of the smaller code base found in the other (context only)."""
 
@@ -107,12 +107,11 @@ def compare(
 ) -> Match:
     """Part-by-part comparison of two prints (`right` is the other task)."""
     similarity: dict[str, float] = {}
-    exact = True
+    exact = left.instruction_exact == right.instruction_exact
     left_words = left.instruction - templates.get(left.family, frozenset())
     right_words = right.instruction - templates.get(right.family, frozenset())
     if left_words and right_words:
         similarity["instruction"] = len(left_words & right_words) / len(left_words | right_words)
-        exact = exact and left.instruction_exact == right.instruction_exact
     for part in CODE_PARTS:
         mine, theirs = left.parts.get(part), right.parts.get(part)
         if mine is not None and theirs is not None:
