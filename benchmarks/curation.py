@@ -71,6 +71,9 @@ from tasks_lib.synthesize import synthesize_tasks
 
 DUPLICATE_RULES = frozenset({"exact_duplicate", "near_duplicate"})
 EVAL_RULES = frozenset({"contaminated", "eval_repository"})
+ATTEMPTS = 8
+"""Tries of a step that opens sandboxes: on a shared host other jobs' mounts come and go, and
+bwrap's setup fails now and then (`Can't bind mount /oldroot/`); that is the host, not curation."""
 KINDS = ("new_id", "renamed", "reformatted", "paraphrased", "reordered", "all")
 
 # -- two generated repositories --------------------------------------------------------------------
@@ -395,15 +398,16 @@ def _generate(root: Path, demo_tasks: int, synth_tasks: int, seed: int) -> tuple
         items.append(Item(task_dir, load_task(task_dir).id, task_dir.name, "demo"))
     for name in REPOSITORIES:
         project = make_repository(root / "projects", name)
-        for attempt in range(3):
+        for attempt in range(ATTEMPTS):
             try:
                 report = synthesize_tasks(project, root / name, max_tasks=synth_tasks, seed=seed)
                 break
             except SandboxError as error:  # the host's sandboxes broke, not the benchmark
                 print(f"synthesis of {name}, attempt {attempt + 1}: {error}", file=sys.stderr)
                 shutil.rmtree(root / name, ignore_errors=True)
+                time.sleep(2)
         else:
-            raise SystemExit(f"synthesis of {name} failed three times on sandbox errors")
+            raise SystemExit(f"synthesis of {name} failed {ATTEMPTS} times on sandbox errors")
         for task_dir in map(Path, report.task_dirs):
             items.append(Item(task_dir, load_task(task_dir).id, task_dir.name, name))
     return items, same_bugs
@@ -673,12 +677,12 @@ class StageTimes:
 
 def _solution(task: Task) -> CandidateChanges:
     """The reference solution's changes; a sandbox that breaks (a loaded shared host) is tried
-    again, twice at most."""
-    for attempt in range(3):
+    again."""
+    for attempt in range(ATTEMPTS):
         try:
             return solution_changes(task)
         except SandboxError as error:
-            if attempt == 2:
+            if attempt == ATTEMPTS - 1:
                 raise
             print(f"{task.id}: sandbox error, trying again: {error}", file=sys.stderr)
     raise AssertionError("unreachable")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ from tiny_tasks import BUGGY, CLEAN_TESTS, FIXED, write_task
 
 from flows.cli import main as cli_main
 from storage import TrajectoryStore
-from tasks_lib import CandidateChanges, generate_demo_tasks, load_task, solution_changes
+from tasks_lib import CandidateChanges, generate_demo_tasks, load_task
 from tasks_lib.curate import (
     POLICIES,
     CurationSettings,
@@ -375,9 +376,10 @@ def test_fingerprints_round_trip_and_refuse_another_version(root: Path) -> None:
 
 
 def test_demo_siblings_and_a_renamed_copy_in_the_evaluation_set(root: Path) -> None:
-    # The reported case: six demo tasks, the evaluation set holding one of them with its package
-    # renamed. Only that one is contaminated; its siblings share the family's code, not the task.
-    dirs = generate_demo_tasks(root / "demo", 6, seed=5)
+    # The reported case (there with six): demo tasks, the evaluation set holding one of them with
+    # its package renamed. Only that one is contaminated; its siblings share the family's code,
+    # not the task.
+    dirs = generate_demo_tasks(root / "demo", 4, seed=5)
     copy = shutil.copytree(dirs[2], root / "eval" / "demo-5-0002-eval")
     package = load_task(dirs[2]).instruction.split("`")[1]
     for path in copy.rglob("*"):
@@ -388,8 +390,15 @@ def test_demo_siblings_and_a_renamed_copy_in_the_evaluation_set(root: Path) -> N
     toml.write_text(toml.read_text().replace('"demo-5-0002"', '"demo-5-0002-eval"'))
 
     def checks(task_dir: Path) -> TaskChecks:
+        # The reference fix applied with `patch` on this host (these are tasks the test just
+        # generated), as solve.sh applies it in a sandbox.
         task = load_task(task_dir)
-        print_ = task_fingerprint(task, solution_changes(task), SETTINGS)
+        solved = root / "solved" / task.id
+        shutil.copytree(task.snapshot_dir, solved)
+        patch = (task_dir / "solution" / "fix.patch").read_text()
+        subprocess.run(["patch", "-p1", "--quiet"], cwd=solved, input=patch, text=True, check=True)
+        solution = CandidateChanges.from_directory(solved, task.snapshot_dir)
+        print_ = task_fingerprint(task, solution, SETTINGS)
         return TaskChecks(
             task_dir=str(task_dir), task_id=task.id, task_version="1", family=task.family,
             source=None, declared_difficulty=None, n_fail_to_pass=1, n_pass_to_pass=1, reasons=(),
