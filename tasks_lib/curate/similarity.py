@@ -56,7 +56,7 @@ class Match:
     matched: tuple[str, ...]
     """Parts at or above their threshold, in `PARTS` order."""
     exact: bool
-    """The instruction and every compared code part have the same normalised hash."""
+    """Both tasks have the same parts, each with the same normalised hash."""
     environment: float | None
     """Estimated share of the smaller code base found in the other (context only)."""
 
@@ -107,7 +107,11 @@ def compare(
 ) -> Match:
     """Part-by-part comparison of two prints (`right` is the other task)."""
     similarity: dict[str, float] = {}
-    exact = left.instruction_exact == right.instruction_exact
+    # Exact: the same normalised instruction and the same code parts, each with one hash.
+    exact = (
+        left.instruction_exact == right.instruction_exact
+        and left.parts.keys() == right.parts.keys()
+    )
     left_words = left.instruction - templates.get(left.family, frozenset())
     right_words = right.instruction - templates.get(right.family, frozenset())
     if left_words and right_words:
