@@ -980,10 +980,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in false_rejections[:10]:
             print(f"  {line}")
         print()
+        labels = {
+            "load_and_solution_s": "load the task, run its reference solution in a sandbox",
+            "fingerprint_s": "fingerprint every part",
+            "decide_s": "decide (duplicates, decontamination), per task of the batch",
+        }
         print("| step, per task | median ms | p95 ms |")
         print("|---|---|---|")
         for step, value in figures["ms_per_task"].items():
-            print(f"| {step} | {value['median']} | {value['p95']} |")
+            print(f"| {labels[step]} | {value['median']} | {value['p95']} |")
         if args.json:
             args.json.write_text(json.dumps(figures, indent=2, sort_keys=True))
         instance_ok = not false_rejections and all(
