@@ -218,10 +218,10 @@ def _build_digest(
 ) -> str:
     import hashlib
 
+    import tasks_lib.families
     import tokenizers
     import transformers
 
-    import tasks_lib.families
     from training.chat_policy import SYSTEM_PROMPT, TOOL_SCHEMAS
 
     digest = hashlib.sha256()
