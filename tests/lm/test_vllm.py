@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 import torch
-from training.chat_policy import TOOL_SCHEMAS
+from training.lm.conversation import TOOL_SCHEMAS
 
 from training.lm.generate import LocalGenerator, SamplingParams
 from training.lm.tiny import tool_call_transcripts

@@ -218,18 +218,18 @@ def _build_digest(
 ) -> str:
     import hashlib
 
-    import tasks_lib.families
+    import tasks_lib.sources.families
     import tokenizers
     import transformers
 
-    from training.chat_policy import SYSTEM_PROMPT, TOOL_SCHEMAS
+    from training.lm.conversation import SYSTEM_PROMPT, TOOL_SCHEMAS
 
     digest = hashlib.sha256()
     arguments = (seed, size or TinyModelSize(), tool_call_training)
     versions = (torch.__version__, transformers.__version__, tokenizers.__version__)
     digest.update(repr((arguments, versions, SYSTEM_PROMPT, TOOL_SCHEMAS)).encode())
     digest.update(Path(__file__).read_bytes())
-    families_dir = Path(tasks_lib.families.__file__).parent
+    families_dir = Path(tasks_lib.sources.families.__file__).parent
     for path in sorted(families_dir.rglob("*.py")):
         digest.update(path.relative_to(families_dir).as_posix().encode())
         digest.update(path.read_bytes())
