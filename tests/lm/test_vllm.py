@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 import torch
-from training.lm.conversation import TOOL_SCHEMAS
 
+from training.lm.conversation import TOOL_SCHEMAS
 from training.lm.generate import LocalGenerator, SamplingParams
 from training.lm.tiny import tool_call_transcripts
 

@@ -218,10 +218,10 @@ def _build_digest(
 ) -> str:
     import hashlib
 
-    import tasks_lib.sources.families
     import tokenizers
     import transformers
 
+    import tasks_lib.sources.families
     from training.lm.conversation import SYSTEM_PROMPT, TOOL_SCHEMAS
 
     digest = hashlib.sha256()
