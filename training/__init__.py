@@ -5,8 +5,9 @@ episode in a sandbox, then the verifier) · `trajectory` · `recovery` (retries 
 fault injection) · `rollout` (shards of episodes on workers) · `iteration` (commit, gate, update,
 checkpoint) · `local` (the iteration in one process) · `grpo` · `evaluation` · `audit` ·
 `gym_env` · `export`. Its policies: `builtin/` (the CPU policy: a small network scoring the
-candidates its proposers offer) and `chat_policy` (an OpenAI-compatible server). Statuses and
-the error root come from `rollyard`.
+candidates its proposers offer) and `lm/` (language models: `openai:` servers, local `hf:`
+models, the tiny test models and the small-scale server). Statuses and the error root come from
+`rollyard`.
 
 from training import CandidateScorerPolicy, EpisodeKey, GRPOTrainer, run_episode
 policy = CandidateScorerPolicy()
