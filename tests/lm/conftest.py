@@ -39,12 +39,19 @@ class LmServer:
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(request: pytest.FixtureRequest) -> Path:
+def tiny_model_dir(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     """A ~1 M-parameter Qwen2-architecture model fine-tuned to answer with well-formed
     `<tool_call>` blocks. The fine-tune is the costly part, so the directory is kept in
     pytest's cache, keyed by a digest of everything the build reads: a changed builder, task
     family or library version builds afresh."""
-    cache_dir = request.config.cache.mkdir("rollyard-tiny-lm")  # type: ignore[union-attr]
+    cache = getattr(request.config, "cache", None)  # absent under `-p no:cacheprovider`
+    cache_dir = (
+        cache.mkdir("rollyard-tiny-lm")
+        if cache is not None
+        else tmp_path_factory.mktemp("rollyard-tiny-lm")
+    )
     return cached_tiny_model(cache_dir, seed=0, tool_call_training=ToolCallTraining())
 
 
