@@ -23,6 +23,15 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVED_MODEL_NAME = "tiny-agent"
 SERVER_START_TIMEOUT_S = 180.0
 VLLM_START_TIMEOUT_S = 900.0
+TINY_MODEL_BUILD_TIMEOUT_S = 1800
+"""The first test that needs the tiny model builds it (minutes: see `ToolCallTraining`) unless
+pytest's cache has it; that test gets this long, past the suite's per-test timeout."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tiny_model_dir" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.timeout(TINY_MODEL_BUILD_TIMEOUT_S))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -42,7 +51,7 @@ class LmServer:
 def tiny_model_dir(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
-    """A ~1 M-parameter Qwen2-architecture model fine-tuned to answer with well-formed
+    """A ~0.5 M-parameter Qwen2-architecture model fine-tuned to answer with well-formed
     `<tool_call>` blocks. The fine-tune is the costly part, so the directory is kept in
     pytest's cache, keyed by a digest of everything the build reads: a changed builder, task
     family or library version builds afresh."""

@@ -11,7 +11,6 @@ import httpx
 import pytest
 import torch
 
-from training.lm.conversation import TOOL_SCHEMAS
 from training.lm.generate import LocalGenerator, SamplingParams
 from training.lm.tiny import tool_call_transcripts
 
@@ -21,8 +20,12 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.slow
 
 
+TRANSCRIPT = tool_call_transcripts(1, seed=77)[0]
+TOOL_SCHEMAS = list(TRANSCRIPT.tools)
+
+
 def _messages() -> list[dict[str, Any]]:
-    return list(tool_call_transcripts(1, seed=77)[0].messages[:4])
+    return list(TRANSCRIPT.messages[:4])
 
 
 def _chat(server: LmServer, **fields: Any) -> dict[str, Any]:

@@ -98,9 +98,9 @@ class TinyModelSize:
     """The shape of a tiny model (Qwen2 architecture: RMSNorm, rotary positions, SwiGLU)."""
 
     vocab_size: int = 4096
-    """BPE vocabulary trained here (special and markup tokens come on top)."""
-    hidden_size: int = 128
-    intermediate_size: int = 384
+    """BPE vocabulary trained here at most (special and markup tokens come on top)."""
+    hidden_size: int = 64
+    intermediate_size: int = 192
     num_hidden_layers: int = 4
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
@@ -112,10 +112,13 @@ class TinyModelSize:
 class ToolCallTraining:
     """The short supervised fine-tune that teaches a tiny model the tool-call format."""
 
-    steps: int = 120
-    """Optimizer steps (each on `batch_size` transcripts)."""
+    steps: int = 240
+    """Optimizer steps (each on `batch_size` transcripts). Measured with the default size:
+    about 95% of replies to held-out conversations are well-formed tool calls after 240 steps
+    at temperature 1 (60% after 60, 82% after 120); the misses are `edit_file` arguments."""
     batch_size: int = 4
-    learning_rate: float = 3e-3
+    learning_rate: float = 1e-2
+    """Peak (after 10 warm-up steps; cosine decay to 0). A model this small takes it."""
     transcripts: int = 48
     """Synthetic transcripts drawn and sampled from."""
 
@@ -222,12 +225,13 @@ def _build_digest(
     import transformers
 
     import tasks_lib.sources.families
-    from training.lm.conversation import SYSTEM_PROMPT, TOOL_SCHEMAS
 
     digest = hashlib.sha256()
     arguments = (seed, size or TinyModelSize(), tool_call_training)
     versions = (torch.__version__, transformers.__version__, tokenizers.__version__)
-    digest.update(repr((arguments, versions, SYSTEM_PROMPT, TOOL_SCHEMAS)).encode())
+    # The system prompt and tool schemas the transcripts carry (defined by the agent loop).
+    sample = tool_call_transcripts(1, seed=seed)[0]
+    digest.update(repr((arguments, versions, sample.messages[0], sample.tools)).encode())
     digest.update(Path(__file__).read_bytes())
     families_dir = Path(tasks_lib.sources.families.__file__).parent
     for path in sorted(families_dir.rglob("*.py")):
