@@ -22,7 +22,6 @@ from pathlib import Path
 from sandboxes import Limits, SandboxPool
 from storage import TrajectoryStore
 from storage.gates import GateSettings, gate_iteration
-from training.builtin.scorer_policy import CandidateScorerPolicy
 from training.episode import EpisodeConfig
 from training.errors import TrainingSettingsError
 from training.iteration import (
