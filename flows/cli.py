@@ -29,6 +29,7 @@ COMMAND_MODULES = (
     "flows.commands.audit",
     "flows.commands.query",
     "flows.commands.store",
+    "flows.commands.export",
     "flows.commands.curate",
     "flows.commands.serve",
     "flows.commands.report",
