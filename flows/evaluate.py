@@ -25,6 +25,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from flows.errors import FlowSettingsError
+from rollyard.status import is_trainable
 from flows.train import completed_while_workers_remain, gate_iteration, rollout_shard
 from storage import CheckpointInfo, StoreError, TrajectoryStore
 from storage.gates import GateSettings
@@ -224,25 +225,19 @@ def read_policy_evaluation(
     store: TrajectoryStore, run_id: str, samples: int, *, rolled_out: bool, wall_s: float
 ) -> PolicyEvaluation:
     """The evaluation of `run_id` as the store holds it."""
-    con = store.connect()
-    try:
-        acted = con.execute(
-            "SELECT policy_kind, policy_model, policy_version, sampling, count(*) AS episodes "
-            "FROM episodes WHERE run_id = ? GROUP BY ALL ORDER BY episodes DESC",
-            [run_id],
-        ).to_arrow_table()
-        counts = con.execute(
-            "SELECT count(*) AS episodes, count(*) FILTER (WHERE reward IS NULL) AS infra "
-            "FROM episodes WHERE run_id = ?",
-            [run_id],
-        ).fetchone()
-        verdict = con.execute(
-            "SELECT quarantined, reason FROM iteration_status WHERE run_id = ? AND iteration = ?",
-            [run_id, EVALUATION_ITERATION],
-        ).fetchone()
-    finally:
-        con.close()
-    episodes, infra_errors = (int(counts[0]), int(counts[1])) if counts else (0, 0)
+    acted = store.query(
+        "SELECT policy_kind, policy_model, policy_version, sampling, count(*) AS episodes "
+        "FROM episodes WHERE run_id = ? GROUP BY ALL ORDER BY episodes DESC",
+        [run_id],
+    )
+    statuses = store.read_episodes(run_id, include_quarantined=True, columns=["status"])
+    verdicts = store.query(
+        "SELECT quarantined, reason FROM iteration_status WHERE run_id = ? AND iteration = ?",
+        [run_id, EVALUATION_ITERATION],
+    ).to_pylist()
+    verdict = verdicts[0] if verdicts else {"quarantined": False, "reason": None}
+    episodes = statuses.num_rows
+    infra_errors = sum(1 for s in statuses.column(0).to_pylist() if not is_trainable(s))
     return PolicyEvaluation(
         run_id=run_id,
         acted=tuple(acted.to_pylist()),
@@ -251,8 +246,8 @@ def read_policy_evaluation(
         pass_at_k=tuple(
             pass_at_k_from_store(store, run_id, EVALUATION_ITERATION, ks=default_ks(samples))
         ),
-        quarantined=bool(verdict and verdict[0]),
-        gate_reason=verdict[1] if verdict else None,
+        quarantined=bool(verdict["quarantined"]),
+        gate_reason=verdict["reason"],
         rolled_out=rolled_out,
         wall_s=wall_s,
     )
