@@ -235,7 +235,8 @@ def read_policy_evaluation(
         "SELECT quarantined, reason FROM iteration_status WHERE run_id = ? AND iteration = ?",
         [run_id, EVALUATION_ITERATION],
     ).to_pylist()
-    verdict = verdicts[0] if verdicts else {"quarantined": False, "reason": None}
+    quarantined = bool(verdicts and verdicts[0]["quarantined"])
+    gate_reason = str(verdicts[0]["reason"]) if quarantined else None
     episodes = statuses.num_rows
     infra_errors = sum(1 for s in statuses.column(0).to_pylist() if not is_trainable(s))
     return PolicyEvaluation(
@@ -246,8 +247,8 @@ def read_policy_evaluation(
         pass_at_k=tuple(
             pass_at_k_from_store(store, run_id, EVALUATION_ITERATION, ks=default_ks(samples))
         ),
-        quarantined=bool(verdict["quarantined"]),
-        gate_reason=verdict["reason"],
+        quarantined=quarantined,
+        gate_reason=gate_reason,
         rolled_out=rolled_out,
         wall_s=wall_s,
     )

@@ -1,5 +1,6 @@
-"""A tiny tool-calling model built once per test session, and rollyard's small OpenAI-compatible
-server serving it as a real subprocess on a loopback port."""
+"""A tiny tool-calling model, built once and cached on disk between test sessions (keyed by the
+code and library versions that make it), and rollyard's small OpenAI-compatible server serving it
+as a real subprocess on a loopback port."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,11 +17,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from training.lm.tiny import ToolCallTraining, build_tiny_model
+from training.lm.tiny import ToolCallTraining, cached_tiny_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVED_MODEL_NAME = "tiny-agent"
 SERVER_START_TIMEOUT_S = 180.0
+MODEL_CACHE_VARIABLE = "ROLLYARD_TEST_CACHE"
+"""Where built test models are kept (default: rollyard-test-cache in the temp directory)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -36,14 +40,14 @@ class LmServer:
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_model_dir() -> Path:
     """A ~1 M-parameter Qwen2-architecture model fine-tuned to answer with well-formed
-    `<tool_call>` blocks (built once per session: the fine-tune is the costly part)."""
-    return build_tiny_model(
-        tmp_path_factory.mktemp("lm") / SERVED_MODEL_NAME,
-        seed=0,
-        tool_call_training=ToolCallTraining(),
+    `<tool_call>` blocks: a fixed step budget of minutes of CPU, so built once per code version
+    and reused from the cache afterwards."""
+    cache = (
+        os.environ.get(MODEL_CACHE_VARIABLE) or Path(tempfile.gettempdir()) / "rollyard-test-cache"
     )
+    return cached_tiny_model(cache, seed=0, tool_call_training=ToolCallTraining())
 
 
 def _free_loopback_port() -> int:

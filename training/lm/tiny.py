@@ -17,12 +17,12 @@ model takes. The chat template follows the Qwen 2.5 / Hermes tool-calling format
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import random
 import shutil
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -119,8 +119,6 @@ class ToolCallTraining:
     learning_rate: float = 3e-3
     transcripts: int = 48
     """Synthetic transcripts drawn (from as many demo tasks) and cycled through."""
-    max_seconds: float = 90.0
-    """Stop early when the fine-tune has run this long (a slow machine still finishes)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -191,6 +189,65 @@ def build_tiny_model(
         shutil.rmtree(partial, ignore_errors=True)
         raise
     return out
+
+
+def tiny_model_digest(
+    *,
+    seed: int = 0,
+    size: TinyModelSize | None = None,
+    tool_call_training: ToolCallTraining | None = None,
+) -> str:
+    """sha256 of what a build depends on: its arguments, the code that makes the model and its
+    transcripts (this module, the agent's tools and system prompt, the demo family's bug pool)
+    and the versions of torch, transformers and tokenizers."""
+    import tokenizers
+    import transformers
+
+    import training.lm.conversation
+    from tasks_lib.sources.families.demo import mutate, pool
+
+    digest = hashlib.sha256()
+    for part in (
+        repr((seed, size or TinyModelSize(), tool_call_training)),
+        torch.__version__,
+        transformers.__version__,
+        tokenizers.__version__,
+    ):
+        digest.update(part.encode() + b"\x1f")
+    for module in (__file__, training.lm.conversation.__file__, mutate.__file__, pool.__file__):
+        digest.update(Path(module).read_bytes())
+    return digest.hexdigest()
+
+
+def cached_tiny_model(
+    cache_dir: str | Path,
+    *,
+    seed: int = 0,
+    size: TinyModelSize | None = None,
+    tool_call_training: ToolCallTraining | None = None,
+) -> Path:
+    """`build_tiny_model` once per `tiny_model_digest` under `cache_dir`, then the same directory
+    every time (`cache_dir/tiny-<digest>`): the fine-tune is minutes of CPU, the tests and the
+    benchmark need it often. Processes building at once each build in their own directory; the
+    first to rename its build into place wins, the others use it."""
+    digest = tiny_model_digest(seed=seed, size=size, tool_call_training=tool_call_training)
+    where = Path(cache_dir) / f"tiny-{digest[:16]}"
+    if (where / "config.json").is_file():
+        return where
+    where.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".building-", dir=where.parent))
+    try:
+        built = build_tiny_model(
+            staging / "model", seed=seed, size=size, tool_call_training=tool_call_training
+        )
+        try:
+            built.rename(where)
+        except OSError:
+            if not (where / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return where
 
 
 def parameter_count(model_dir: str | Path) -> int:
@@ -419,16 +476,31 @@ def _fine_tune_on_transcripts(
     training: ToolCallTraining,
     seed: int,
 ) -> None:
-    """Supervised fine-tune on the assistant tokens of `transcripts` (AdamW, cosine decay)."""
+    """Supervised fine-tune on the assistant tokens of `transcripts` (AdamW, cosine decay) for
+    exactly `training.steps` steps, on one thread: the result depends on the step budget alone,
+    not on how busy the machine is or how many cores it has (thread counts change the order of
+    floating-point sums)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _fine_tune_steps(model, tokenizer, transcripts, training, seed)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _fine_tune_steps(
+    model: Any,
+    tokenizer: Any,
+    transcripts: Sequence[Transcript],
+    training: ToolCallTraining,
+    seed: int,
+) -> None:
     encoded = [transcript_token_ids(tokenizer, transcript) for transcript in transcripts]
     pad_id = tokenizer.pad_token_id
     optimizer = torch.optim.AdamW(model.parameters(), lr=training.learning_rate, weight_decay=0.0)
     order = random.Random(f"rollyard-tiny-order:{seed}")
     model.train()
-    started = time.monotonic()
     for step in range(training.steps):
-        if time.monotonic() - started > training.max_seconds:
-            break
         batch = order.sample(encoded, k=min(training.batch_size, len(encoded)))
         length = max(len(ids) for ids, _ in batch)
         input_ids = torch.full((len(batch), length), pad_id, dtype=torch.long)
