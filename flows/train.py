@@ -32,10 +32,12 @@ from training.episode import EpisodeConfig
 from training.grpo import GRPOTrainer, UpdateMetrics
 from training.iteration import (
     IterationSummary,
+    check_training_policy,
     finish_iteration,
     restore_trainer,
     task_dirs_in,
 )
+from training.lm.spec import parse_policy_spec
 from training.recovery import FaultPlan, RecoveryPolicy
 from training.rollout import (
     Schedule,
@@ -57,6 +59,11 @@ class TrainSettings:
     store: str
     """Store root (local directory or object-storage URI)."""
     run_id: str = "run-0"
+    policy: str = "builtin"
+    """The policy spec: `builtin`, `openai:BASE_URL#MODEL` or `hf:DIR`
+    (`training.lm.spec`); checked before any episode."""
+    max_concurrent_requests: int = 1
+    """Episodes a shard keeps in flight at once, so a model server batches their requests."""
     iterations: int = 6
     tasks_per_iteration: int = 8
     group_size: int = 4
@@ -97,6 +104,11 @@ class TrainSettings:
     `ROLLYARD_GATE_*` settings (see storage.gates.GateSettings)."""
 
     def __post_init__(self) -> None:
+        parse_policy_spec(self.policy)  # a malformed spec fails here, before anything runs
+        if self.max_concurrent_requests < 1:
+            raise FlowSettingsError(
+                f"max_concurrent_requests must be >= 1, got {self.max_concurrent_requests}"
+            )
         if self.mode not in ("sync", "async"):
             raise FlowSettingsError(f"mode must be 'sync' or 'async', got {self.mode!r}")
         if self.max_policy_lag < 1:
@@ -367,10 +379,12 @@ class _Submitted:
 @flow(name="train", log_prints=False)
 def train(settings: TrainSettings) -> list[IterationSummary]:
     logger = get_run_logger()
+    # Before any episode and any write: the spec, a trainer for it, a server that answers.
+    policy = check_training_policy(settings.policy)
     store = TrajectoryStore(settings.store)
     task_dirs = task_dirs_in(Path(settings.tasks_dir))
     trainer, first_iteration = restore_trainer(
-        store, settings.run_id, seed=settings.seed, resume=settings.resume
+        store, settings.run_id, seed=settings.seed, resume=settings.resume, policy=policy
     )
     if first_iteration:
         logger.info("resuming run %s at iteration %d", settings.run_id, first_iteration)
@@ -404,6 +418,7 @@ def train(settings: TrainSettings) -> list[IterationSummary]:
             schedule=settings.schedule,
             predicted_s=predicted,
             policy_lag=policy_lag,
+            max_concurrent_requests=settings.max_concurrent_requests,
         )
         futures = [rollout_shard.submit(request, settings.store) for request in requests]
         shard_episodes.update(

@@ -228,6 +228,43 @@ REVIEW_AGREEMENT_SQL = """
 _QUERIES = (
     *_QUERIES,
     NamedQuery(
+        "policies",
+        "Per run and iteration: what acted (policy kind, model, version, sampling as JSON) and "
+        "its episodes, mean reward and pass rate.",
+        """
+        SELECT run_id, iteration, policy_kind, policy_model, policy_version, sampling,
+               count(*) AS episodes,
+               avg(reward) AS mean_reward,
+               avg(CASE WHEN passed THEN 1.0 ELSE 0.0 END) AS pass_rate
+        FROM episodes
+        GROUP BY ALL
+        ORDER BY run_id, iteration, policy_version
+        """,
+    ),
+    NamedQuery(
+        "pass_at_k",
+        "Per evaluation run: pass@k over all tasks, per family and per task (`rollyard "
+        "evaluate`), with what acted.",
+        """
+        WITH acted AS (
+            SELECT run_id, string_agg(DISTINCT policy_kind || ':' || policy_version, ', ')
+                       AS policy,
+                   any_value(policy_model) AS policy_model
+            FROM episodes GROUP BY run_id
+        ), parts AS (
+            SELECT run_id, iteration, value, string_split(name, '/') AS part FROM metrics
+            WHERE source = 'pass_at_k'
+        )
+        SELECT p.run_id, a.policy, a.policy_model,
+               CAST(substr(p.part[1], 6) AS INTEGER) AS k,
+               coalesce(p.part[2], 'all') AS scope,
+               coalesce(array_to_string(p.part[3:], '/'), '') AS key,
+               p.value AS pass_at_k
+        FROM parts p LEFT JOIN acted a USING (run_id)
+        ORDER BY p.run_id, CASE scope WHEN 'all' THEN 0 WHEN 'family' THEN 1 ELSE 2 END, key, k
+        """,
+    ),
+    NamedQuery(
         "review_agreement",
         "Per family, verifier and day: human spot checks and the share agreeing with the reward.",
         REVIEW_AGREEMENT_SQL,

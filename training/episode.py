@@ -444,4 +444,5 @@ def run_episode(
         verify_s=verify_s,
         started_at_s=started_at_s,
         policy=identity,
+        task_family=task.family,
     )

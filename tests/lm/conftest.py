@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -34,6 +35,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.timeout(TINY_MODEL_BUILD_TIMEOUT_S))
 
 
+MODEL_CACHE_VARIABLE = "ROLLYARD_TEST_CACHE"
+"""Where built test models are kept (default: rollyard-test-cache in the temp directory)."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class LmServer:
     """A running OpenAI-compatible server subprocess."""
@@ -48,20 +53,14 @@ class LmServer:
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Path:
-    """A ~0.5 M-parameter Qwen2-architecture model fine-tuned to answer with well-formed
-    `<tool_call>` blocks. The fine-tune is the costly part, so the directory is kept in
-    pytest's cache, keyed by a digest of everything the build reads: a changed builder, task
-    family or library version builds afresh."""
-    cache = getattr(request.config, "cache", None)  # absent under `-p no:cacheprovider`
-    cache_dir = (
-        cache.mkdir("rollyard-tiny-lm")
-        if cache is not None
-        else tmp_path_factory.mktemp("rollyard-tiny-lm")
+def tiny_model_dir() -> Path:
+    """A ~1 M-parameter Qwen2-architecture model fine-tuned to answer with well-formed
+    `<tool_call>` blocks: a fixed step budget of minutes of CPU, so built once per code version
+    and reused from the cache afterwards."""
+    cache = (
+        os.environ.get(MODEL_CACHE_VARIABLE) or Path(tempfile.gettempdir()) / "rollyard-test-cache"
     )
-    return cached_tiny_model(cache_dir, seed=0, tool_call_training=ToolCallTraining())
+    return cached_tiny_model(cache, seed=0, tool_call_training=ToolCallTraining())
 
 
 def _free_loopback_port() -> int:

@@ -17,6 +17,7 @@ model takes. The chat template follows the Qwen 2.5 / Hermes tool-calling format
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import random
@@ -120,7 +121,7 @@ class ToolCallTraining:
     learning_rate: float = 1e-2
     """Peak (after 10 warm-up steps; cosine decay to 0). A model this small takes it."""
     transcripts: int = 48
-    """Synthetic transcripts drawn and sampled from."""
+    """Synthetic transcripts drawn (from as many demo tasks) and cycled through."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -193,6 +194,34 @@ def build_tiny_model(
     return out
 
 
+def tiny_model_digest(
+    *,
+    seed: int = 0,
+    size: TinyModelSize | None = None,
+    tool_call_training: ToolCallTraining | None = None,
+) -> str:
+    """sha256 of what a build depends on: its arguments, the code that makes the model and its
+    transcripts (this module, the agent's tools and system prompt, the demo family's bug pool)
+    and the versions of torch, transformers and tokenizers."""
+    import tokenizers
+    import transformers
+
+    import training.lm.conversation
+    from tasks_lib.sources.families.demo import mutate, pool
+
+    digest = hashlib.sha256()
+    for part in (
+        repr((seed, size or TinyModelSize(), tool_call_training)),
+        torch.__version__,
+        transformers.__version__,
+        tokenizers.__version__,
+    ):
+        digest.update(part.encode() + b"\x1f")
+    for module in (__file__, training.lm.conversation.__file__, mutate.__file__, pool.__file__):
+        digest.update(Path(module).read_bytes())
+    return digest.hexdigest()
+
+
 def cached_tiny_model(
     cache_dir: str | Path,
     *,
@@ -200,44 +229,36 @@ def cached_tiny_model(
     size: TinyModelSize | None = None,
     tool_call_training: ToolCallTraining | None = None,
 ) -> Path:
-    """`build_tiny_model`'s directory for these arguments, built under `cache_dir` on first use
-    and reused after. The cache key digests everything the build reads: the arguments, this
-    module's source, the task families' source and the tool schemas (the tokenizer corpus and
-    the transcripts), and the torch/transformers/tokenizers versions."""
-    target = Path(cache_dir) / f"tiny-{_build_digest(seed, size, tool_call_training)[:20]}"
-    if (target / "config.json").is_file():
-        return target
+    """`build_tiny_model` once per `tiny_model_digest` under `cache_dir`, then the same directory
+    every time (`cache_dir/tiny-<digest>`): the fine-tune is minutes of CPU, the tests and the
+    benchmark need it often. Processes building at once each build in their own directory; the
+    first to rename its build into place wins, the others use it."""
+    digest = tiny_model_digest(seed=seed, size=size, tool_call_training=tool_call_training)
+    where = Path(cache_dir) / f"tiny-{digest[:16]}"
+    if (where / "config.json").is_file():
+        return where
+    where.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".building-", dir=where.parent))
     try:
-        return build_tiny_model(target, seed=seed, size=size, tool_call_training=tool_call_training)
-    except OSError:
-        # Another process built the same model and moved it into place first.
-        if (target / "config.json").is_file():
-            return target
-        raise
+        built = build_tiny_model(
+            staging / "model", seed=seed, size=size, tool_call_training=tool_call_training
+        )
+        try:
+            built.rename(where)
+        except OSError:
+            if not (where / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return where
 
 
-def _build_digest(
-    seed: int, size: TinyModelSize | None, tool_call_training: ToolCallTraining | None
-) -> str:
-    import hashlib
+def parameter_count(model_dir: str | Path) -> int:
+    """Parameters of the model saved in `model_dir` (tied embeddings counted once)."""
+    from transformers import AutoModelForCausalLM
 
-    import tokenizers
-    import transformers
-
-    import tasks_lib.sources.families
-
-    digest = hashlib.sha256()
-    arguments = (seed, size or TinyModelSize(), tool_call_training)
-    versions = (torch.__version__, transformers.__version__, tokenizers.__version__)
-    # The system prompt and tool schemas the transcripts carry (defined by the agent loop).
-    sample = tool_call_transcripts(1, seed=seed)[0]
-    digest.update(repr((arguments, versions, sample.messages[0], sample.tools)).encode())
-    digest.update(Path(__file__).read_bytes())
-    families_dir = Path(tasks_lib.sources.families.__file__).parent
-    for path in sorted(families_dir.rglob("*.py")):
-        digest.update(path.relative_to(families_dir).as_posix().encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    return sum(parameter.numel() for parameter in model.parameters())
 
 
 # -- the tokenizer ------------------------------------------------------------------------------
@@ -458,7 +479,25 @@ def _fine_tune_on_transcripts(
     training: ToolCallTraining,
     seed: int,
 ) -> None:
-    """Supervised fine-tune on the assistant tokens of `transcripts` (AdamW, cosine decay)."""
+    """Supervised fine-tune on the assistant tokens of `transcripts` (AdamW, cosine decay) for
+    exactly `training.steps` steps, on one thread: the result depends on the step budget alone,
+    not on how busy the machine is or how many cores it has (thread counts change the order of
+    floating-point sums)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _fine_tune_steps(model, tokenizer, transcripts, training, seed)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _fine_tune_steps(
+    model: Any,
+    tokenizer: Any,
+    transcripts: Sequence[Transcript],
+    training: ToolCallTraining,
+    seed: int,
+) -> None:
     encoded = [transcript_token_ids(tokenizer, transcript) for transcript in transcripts]
     pad_id = tokenizer.pad_token_id
     optimizer = torch.optim.AdamW(model.parameters(), lr=training.learning_rate, weight_decay=0.0)
