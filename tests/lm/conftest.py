@@ -29,10 +29,15 @@ TINY_MODEL_BUILD_TIMEOUT_S = 1800
 pytest's cache has it; that test gets this long, past the suite's per-test timeout."""
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the slow mark must be on by then
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # A test that needs the tool-calling tiny model may have to build it: minutes of CPU the
+    # first time. Such tests run in the slow set (`make test-slow`); the default suite keeps the
+    # real-HTTP client tests that need no trained model.
     for item in items:
         if "tiny_model_dir" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.timeout(TINY_MODEL_BUILD_TIMEOUT_S))
+            item.add_marker(pytest.mark.slow)
 
 
 MODEL_CACHE_VARIABLE = "ROLLYARD_TEST_CACHE"
