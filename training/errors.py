@@ -120,3 +120,15 @@ class ContextLengthError(LanguageModelError, ValueError):
 
     def __str__(self) -> str:
         return self.message
+
+
+class ServerRequestError(LanguageModelError):
+    """A request the small-scale server refuses: answered with `status` and an OpenAI-style error
+    body naming `param` (the server's handler turns it into the response; it never reaches a
+    user as an exception)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(status, message, param)
+        self.status = status
+        self.message = message
+        self.param = param

@@ -29,7 +29,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from training.errors import ContextLengthError, LanguageModelError, ModelDirError
+from training.errors import (
+    ContextLengthError,
+    LanguageModelError,
+    ModelDirError,
+    ServerRequestError,
+)
 from training.lm.generate import (
     BatchingGenerator,
     Completion,
@@ -122,14 +127,6 @@ class UnloadLoraAdapterRequest(_Strict):
 # -- errors -------------------------------------------------------------------------------------
 
 
-class _ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(status, message, param)
-        self.status = status
-        self.message = message
-        self.param = param
-
-
 _ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}
 
 
@@ -205,8 +202,8 @@ def create_app(generator: LocalGenerator, options: ServerOptions) -> FastAPI:
     async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
         return _error_response(400, _validation_message(error))
 
-    @app.exception_handler(_ApiError)
-    async def _api_error(request: Request, error: _ApiError) -> JSONResponse:
+    @app.exception_handler(ServerRequestError)
+    async def _api_error(request: Request, error: ServerRequestError) -> JSONResponse:
         return _error_response(error.status, error.message, error.param)
 
     @app.get("/health")
@@ -248,7 +245,7 @@ def create_app(generator: LocalGenerator, options: ServerOptions) -> FastAPI:
     async def chat_completions(request: ChatCompletionRequest) -> dict[str, Any]:
         model = served.get(request.model)
         if model is None:
-            raise _ApiError(404, f"The model `{request.model}` does not exist.", "model")
+            raise ServerRequestError(404, f"The model `{request.model}` does not exist.", "model")
         prompts = _prompts(model.generator, request, options)
         futures = [asyncio.wrap_future(model.batcher.submit(prompt)) for prompt in prompts]
         completions = await asyncio.gather(*futures)
@@ -260,19 +257,19 @@ def create_app(generator: LocalGenerator, options: ServerOptions) -> FastAPI:
     async def load_lora_adapter(request: LoadLoraAdapterRequest) -> PlainTextResponse:
         name = request.lora_name
         if name == base_name:
-            raise _ApiError(
+            raise ServerRequestError(
                 400, f"The lora adapter '{name}' conflicts with a served base model.", "lora_name"
             )
         async with adapters_lock:
             if name in served and not request.load_inplace:
-                raise _ApiError(
+                raise ServerRequestError(
                     400,
                     f"The lora adapter '{name}' has already been loaded. If you want to load "
                     "the adapter in place, set 'load_inplace' to True.",
                     "lora_name",
                 )
             if not Path(request.lora_path).is_dir():
-                raise _ApiError(
+                raise ServerRequestError(
                     404, f"Loading lora {name} failed: No adapter found for {request.lora_path}"
                 )
             try:
@@ -280,7 +277,7 @@ def create_app(generator: LocalGenerator, options: ServerOptions) -> FastAPI:
                     served[base_name].generator.with_lora_adapter, request.lora_path, name=name
                 )
             except ModelDirError as error:
-                raise _ApiError(400, str(error), "lora_path") from error
+                raise ServerRequestError(400, str(error), "lora_path") from error
             previous = served.get(name)
             served[name] = _ServedModel(
                 adapted,
@@ -299,7 +296,9 @@ def create_app(generator: LocalGenerator, options: ServerOptions) -> FastAPI:
         name = request.lora_name
         async with adapters_lock:
             if name == base_name or name not in served:
-                raise _ApiError(404, f"The lora adapter '{name}' cannot be found.", "lora_name")
+                raise ServerRequestError(
+                    404, f"The lora adapter '{name}' cannot be found.", "lora_name"
+                )
             removed = served.pop(name)
             await asyncio.to_thread(removed.batcher.close)
             finished_batch_sizes.extend(removed.batcher.batch_sizes)
@@ -312,24 +311,28 @@ def _prompts(
     generator: LocalGenerator, request: ChatCompletionRequest, options: ServerOptions
 ) -> list[Prompt]:
     if request.stream:
-        raise _ApiError(400, "stream: true is not supported by this server; send stream: false")
+        raise ServerRequestError(
+            400, "stream: true is not supported by this server; send stream: false"
+        )
     if request.stop:
-        raise _ApiError(400, "stop sequences are not supported by this server; leave stop unset")
+        raise ServerRequestError(
+            400, "stop sequences are not supported by this server; leave stop unset"
+        )
     if request.tools and request.tool_choice not in (None, "auto", "none"):
-        raise _ApiError(
+        raise ServerRequestError(
             400,
             "tool_choice 'required' and named tool choices need constrained decoding, which this "
             "server does not do; use tool_choice 'auto' (or leave it unset)",
             "tool_choice",
         )
     if request.tools and request.tool_choice != "none" and not options.enable_auto_tool_choice:
-        raise _ApiError(
+        raise ServerRequestError(
             400,
             '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
             "tool_choice",
         )
     if request.top_logprobs and not request.logprobs:
-        raise _ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+        raise ServerRequestError(400, "top_logprobs needs logprobs: true", "top_logprobs")
     messages = [_template_message(message) for message in request.messages]
     tools = [tool.model_dump(exclude_none=True) for tool in request.tools or ()]
     max_tokens = request.max_completion_tokens or request.max_tokens
@@ -347,9 +350,9 @@ def _prompts(
             )
             prompts.append(generator.prompt(messages, tools or None, sampling))
     except ContextLengthError as error:
-        raise _ApiError(400, str(error), "messages") from error
+        raise ServerRequestError(400, str(error), "messages") from error
     except LanguageModelError as error:
-        raise _ApiError(400, str(error), "messages") from error
+        raise ServerRequestError(400, str(error), "messages") from error
     return prompts
 
 
