@@ -329,7 +329,7 @@ def test_explain_output_and_bad_input(
     dirs = _library(root)
     store_root = str(tmp_path / "store")
     verdicts = decide([_checks(d) for d in dirs.values()], SETTINGS)
-    TrajectoryStore(store_root).record_tasks(verdict_rows(verdicts), batch_id="b1")
+    TrajectoryStore(store_root).tasks.record(verdict_rows(verdicts), batch_id="b1")
     capsys.readouterr()
 
     assert cli_main(["curate", "--explain", "e-add-renamed", "--store", store_root]) == 0
