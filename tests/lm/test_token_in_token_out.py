@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 import torch
+from tasks_lib.loader import load_task
+from tasks_lib.model import Task
 
 from sandboxes import open_sandbox
 from storage import TrajectoryStore
-from tasks_lib.families.demo import generate_demo_tasks
-from tasks_lib.loader import load_task
-from tasks_lib.model import Task
+from tasks_lib.sources.families.demo import generate_demo_tasks
 from training.actions import History, InvalidCall, action_arguments, history_messages
 from training.episode import EpisodeConfig, run_episode
 from training.lm.conversation import SYSTEM_PROMPT, TOOL_SCHEMAS, ChatSampling

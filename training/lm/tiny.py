@@ -258,9 +258,9 @@ def _train_tokenizer(transcripts: Sequence[Transcript], vocab_size: int) -> Any:
 def _tokenizer_corpus(transcripts: Sequence[Transcript]) -> Iterator[str]:
     """Text the BPE merges are learnt from: the task families' source (the code the agent reads
     and edits) and rendered tool-calling transcripts (schemas, tool-call JSON, observations)."""
-    import tasks_lib.families
+    import tasks_lib.sources.families
 
-    families_dir = Path(tasks_lib.families.__file__).parent
+    families_dir = Path(tasks_lib.sources.families.__file__).parent
     for path in sorted(families_dir.rglob("*.py")):
         yield path.read_text()
     for transcript in transcripts:
@@ -287,8 +287,8 @@ def tool_call_transcripts(count: int, seed: int = 0) -> list[Transcript]:
 
     They teach a random model the tool-call format, not how to find bugs: the fix is copied
     from the record of the injected bug."""
-    from tasks_lib.families.demo.mutate import find_mutations
-    from tasks_lib.families.demo.pool import MODULES, PACKAGE_NAMES
+    from tasks_lib.sources.families.demo.mutate import find_mutations
+    from tasks_lib.sources.families.demo.pool import MODULES, PACKAGE_NAMES
     from training.lm.conversation import SYSTEM_PROMPT, TOOL_SCHEMAS
 
     rng = random.Random(f"rollyard-tiny-transcripts:{seed}")
