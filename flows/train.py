@@ -29,13 +29,13 @@ from storage import TrajectoryStore
 from storage.gates import GateReport, GateSettings
 from storage.gates import gate_iteration as run_gate
 from training.episode import EpisodeConfig
-from training.grpo import GRPOTrainer, UpdateMetrics
 from training.iteration import (
     IterationSummary,
     finish_iteration,
     restore_trainer,
     task_dirs_in,
 )
+from training.lm.trainer import LMTrainerConfig
 from training.recovery import FaultPlan, RecoveryPolicy
 from training.rollout import (
     Schedule,
@@ -45,6 +45,7 @@ from training.rollout import (
     predict_episode_seconds,
     rollout_shard_and_commit,
 )
+from training.trainer import Trainer, TrainerMetrics
 from training.trajectory import Trajectory
 
 
@@ -57,6 +58,10 @@ class TrainSettings:
     store: str
     """Store root (local directory or object-storage URI)."""
     run_id: str = "run-0"
+    policy: str = "builtin"
+    """The policy spec (`builtin` or `hf:DIR`); it chooses the trainer."""
+    lm_trainer: LMTrainerConfig | None = None
+    """Hyper-parameters of the language-model trainer (`hf:` policies); None: the defaults."""
     iterations: int = 6
     tasks_per_iteration: int = 8
     group_size: int = 4
@@ -209,7 +214,7 @@ def gate_iteration(
 
 
 @task(name="update_policy", cache_policy=NO_CACHE)
-def update_policy(trainer: GRPOTrainer, trajectories: list[Trajectory]) -> UpdateMetrics:
+def update_policy(trainer: Trainer, trajectories: list[Trajectory]) -> TrainerMetrics:
     return trainer.update(trajectories)
 
 
@@ -259,7 +264,12 @@ def train(settings: TrainSettings) -> list[IterationSummary]:
     store = TrajectoryStore(settings.store)
     task_dirs = task_dirs_in(Path(settings.tasks_dir))
     trainer, first_iteration = restore_trainer(
-        store, settings.run_id, seed=settings.seed, resume=settings.resume
+        store,
+        settings.run_id,
+        seed=settings.seed,
+        resume=settings.resume,
+        policy=settings.policy,
+        lm_config=settings.lm_trainer,
     )
     if first_iteration:
         logger.info("resuming run %s at iteration %d", settings.run_id, first_iteration)
@@ -334,7 +344,7 @@ def train(settings: TrainSettings) -> list[IterationSummary]:
 
 def _consume(
     store: TrajectoryStore,
-    trainer: GRPOTrainer,
+    trainer: Trainer,
     settings: TrainSettings,
     iteration: int,
     outcomes: list[ShardOutcome],

@@ -248,7 +248,6 @@ def _try_edit(
     return Observation(f"{run.text}\n{verdict}", result.exit_code, run.truncated), timed_out
 
 
-
 @dataclasses.dataclass(slots=True)
 class _Acting:
     """What the acting part of an episode came to, filled in as it goes."""

@@ -2,7 +2,7 @@
 
 One row per trajectory: the conversation as OpenAI chat `messages` (system, user instruction,
 assistant tool calls, tool answers — the same rendering the chat policy prompts with), the
-reward, the group-relative advantage (`training.grpo.group_advantages`), the advantage each
+reward, the group-relative advantage (`training.advantages.group_advantages`), the advantage each
 action trains with in the built-in trainer (`step_advantages`: the group advantage plus the
 action's trial credit; null for an action that carries no signal), and the token ids and
 log-probabilities a served model returned, one list per action. `datasets.load_dataset("parquet",
@@ -22,7 +22,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from training.actions import history_messages
-from training.grpo import GRPOConfig, group_advantages, step_advantages
+from training.advantages import group_advantages
+from training.builtin.grpo import GRPOConfig, step_advantages
 from training.lm.conversation import SYSTEM_PROMPT
 from training.policy import ChatRecord
 from training.trajectory import Trajectory
@@ -68,6 +69,7 @@ def export_rows(
     """Rows of the export, one per trajectory. Trajectories none of whose actions carries a
     signal (error statuses, groups with infra failures, zero-variance groups without a credited
     trial) are left out unless `include_masked`, then with null advantages."""
+    config = config or GRPOConfig()
     advantages, _ = group_advantages(trajectories, config)
     per_step = step_advantages(trajectories, config, advantages=advantages)
     rows = []

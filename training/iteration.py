@@ -11,15 +11,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from storage import CommitError, StoreError, TrajectoryStore
 from tasks_lib.format.finder import tasks_in
-from training.builtin.scorer_policy import CandidateScorerPolicy
 from training.errors import TrainingSettingsError
-from training.grpo import GRPOConfig, GRPOTrainer, UpdateMetrics, load_checkpoint, save_checkpoint
+from training.policy import ChatRecord
+from training.trainer import Trainer, TrainerMetrics, load_trainer, new_trainer
 from training.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from training.lm.conversation import ChatSampling
+    from training.lm.trainer import LMTrainerConfig
 
 ITERATION_DONE_SOURCE = "train_flow"
 """The `metrics.source` whose row marks an iteration as done."""
@@ -67,10 +73,37 @@ def completed_iterations(store: TrajectoryStore, run_id: str) -> list[int]:
     return [int(row["iteration"]) for row in rows]
 
 
+_TRAINER_OF_POLICY_KIND = {"builtin": "builtin", "hf": "lm"}
+
+
+def model_weights_dir(store: TrajectoryStore, run_id: str) -> Path:
+    """Where a language-model run writes each update's weights (one HF directory per version,
+    recorded in the checkpoints table): beside the tables, so workers read them where they
+    read the store."""
+    if store.commits.remote:
+        raise TrainingSettingsError(
+            f"store {store.root} is object storage; language-model checkpoints are directories "
+            "workers load from a shared filesystem: give a local (or mounted) store root"
+        )
+    return Path(store.root) / "checkpoint_models" / run_id
+
+
 def restore_trainer(
-    store: TrajectoryStore, run_id: str, *, seed: int, resume: bool
-) -> tuple[GRPOTrainer, int]:
-    """The trainer to continue with and the first iteration still to run."""
+    store: TrajectoryStore,
+    run_id: str,
+    *,
+    seed: int,
+    resume: bool,
+    policy: str = "builtin",
+    lm_config: LMTrainerConfig | None = None,
+    sampling: ChatSampling | None = None,
+) -> tuple[Trainer, int]:
+    """The trainer to continue with and the first iteration still to run. The policy spec
+    chooses the trainer (`training.trainer.new_trainer`); a resumed run continues with the
+    trainer its checkpoints were written by, and must name the same kind of policy."""
+    from training.lm.spec import parse_policy_spec
+
+    spec = parse_policy_spec(policy)
     done = completed_iterations(store, run_id)
     if done and not resume:
         raise TrainingSettingsError(
@@ -81,16 +114,41 @@ def restore_trainer(
         c for c in store.checkpoints.recorded(run_id) if done and c.iteration <= done[-1]
     ]
     if not checkpoints:
-        return GRPOTrainer(CandidateScorerPolicy(seed=seed), GRPOConfig(seed=seed)), 0
+        weights_dir = model_weights_dir(store, run_id) if spec.kind == "hf" else None
+        trainer = new_trainer(
+            policy, seed=seed, weights_dir=weights_dir, lm_config=lm_config, sampling=sampling
+        )
+        return trainer, 0
     # The newest checkpoint holds the policy after the last done iteration (an iteration that
     # changed nothing stores no new version).
     latest = max(checkpoints, key=lambda c: (c.iteration, c.created_at))
-    return load_checkpoint(store, run_id, latest.policy_version, seed=seed), done[-1] + 1
+    recorded_kind = latest.metadata.get("trainer", "builtin")
+    if _TRAINER_OF_POLICY_KIND.get(spec.kind) != recorded_kind:
+        raise TrainingSettingsError(
+            f"run {run_id!r} was trained by the {recorded_kind} trainer but --policy {policy} "
+            "names another kind of policy; resume with the policy the run started with"
+        )
+    trainer = load_trainer(store, run_id, latest.policy_version, seed=seed, sampling=sampling)
+    return trainer, done[-1] + 1
+
+
+def sampled_token_count(batch: Sequence[Trajectory]) -> int:
+    """Completion tokens the policy sampled over a batch (0 for policies without tokens)."""
+    return sum(
+        len(step.record.completion_token_ids)
+        for trajectory in batch
+        for step in trajectory.steps
+        if isinstance(step.record, ChatRecord)
+    )
+
+
+def _update(trainer: Trainer, trajectories: list[Trajectory]) -> TrainerMetrics:
+    return trainer.update(trajectories)
 
 
 def finish_iteration(
     store: TrajectoryStore,
-    trainer: GRPOTrainer,
+    trainer: Trainer,
     *,
     run_id: str,
     iteration: int,
@@ -100,24 +158,35 @@ def finish_iteration(
     wall_s: float,
     gate_reason: str | None = None,
     extra_metrics: Mapping[str, float] | None = None,
-    update: Callable[[GRPOTrainer, list[Trajectory]], UpdateMetrics] | None = None,
+    update: Callable[[Trainer, list[Trajectory]], TrainerMetrics] | None = None,
     policy_lag: int = 0,
     stale_dropped: int = 0,
 ) -> IterationSummary:
     """Update on `trainable` (the committed, non-quarantined part of `batch`), checkpoint, and
     write the completion marker with the metrics. `update` lets a caller wrap the update (the
-    flow runs it as a Prefect task)."""
+    flow runs it as a Prefect task). Throughput goes with the metrics: tokens sampled per second
+    of rollout (`wall_s`), tokens trained per second of update, and the seconds of each."""
     version_before = trainer.policy.version
     values: dict[str, float | None] = {}
+    update_s = 0.0
     if trainable:
-        metrics = (update or GRPOTrainer.update)(trainer, list(trainable))
+        started = time.monotonic()
+        metrics = (update or _update)(trainer, list(trainable))
+        update_s = time.monotonic() - started
         values.update(metrics.as_dict())
     values.update(extra_metrics or {})
+    sampled = sampled_token_count(batch)
+    trained = float(values.get("tokens_trained") or 0.0)
     values.update(
-        policy_lag=float(policy_lag), stale_dropped=float(stale_dropped), rollout_wall_s=wall_s
+        policy_lag=float(policy_lag),
+        stale_dropped=float(stale_dropped),
+        rollout_wall_s=wall_s,
+        update_s=update_s,
+        sampled_tokens=float(sampled),
+        sampled_tokens_per_s=sampled / wall_s if wall_s > 0 else 0.0,
+        trained_tokens_per_s=trained / update_s if update_s > 0 else 0.0,
     )
-    save_checkpoint(
-        trainer,
+    trainer.save_checkpoint(
         store,
         run_id=run_id,
         iteration=iteration,

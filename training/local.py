@@ -18,11 +18,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sandboxes import Limits, SandboxPool
 from storage import TrajectoryStore
 from storage.gates import GateSettings, gate_iteration
-from training.builtin.scorer_policy import CandidateScorerPolicy
 from training.episode import EpisodeConfig
 from training.errors import TrainingSettingsError
 from training.iteration import (
@@ -32,6 +32,9 @@ from training.iteration import (
     task_dirs_in,
 )
 from training.policy import Policy
+
+if TYPE_CHECKING:
+    from training.lm.trainer import LMTrainerConfig
 from training.rollout import plan_iteration, rollout_shard_and_commit
 from training.trajectory import Trajectory
 
@@ -89,10 +92,13 @@ def train_locally(
     max_steps: int = 8,
     seed: int = 0,
     resume: bool = False,
+    policy: str = "builtin",
+    lm_config: LMTrainerConfig | None = None,
     gate_settings: GateSettings | None = None,
     on_iteration: Callable[[IterationSummary], None] | None = None,
 ) -> list[IterationSummary]:
-    """Train the built-in policy with GRPO for `iterations` iterations, in this process.
+    """Train the policy `policy` names (a spec: `builtin` or `hf:DIR`, which chooses the
+    trainer) with GRPO for `iterations` iterations, in this process.
 
     Gate thresholds come from `ROLLYARD_GATE_*` unless `gate_settings` is given; a quarantined
     iteration is recorded and skipped by the trainer, as in the flow. `on_iteration` is called
@@ -101,7 +107,9 @@ def train_locally(
         raise TrainingSettingsError(f"iterations must be >= 1, got {iterations}")
     store = store if isinstance(store, TrajectoryStore) else TrajectoryStore(store)
     task_dirs = task_dirs_in(tasks_dir)
-    trainer, first = restore_trainer(store, run_id, seed=seed, resume=resume)
+    trainer, first = restore_trainer(
+        store, run_id, seed=seed, resume=resume, policy=policy, lm_config=lm_config
+    )
     gate_settings = gate_settings or GateSettings.from_env()
     done: list[IterationSummary] = []
     with SandboxPool(limits=Limits(), max_idle_per_snapshot=1) as pool:
