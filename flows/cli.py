@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "flows.commands.tasks",
     "flows.commands.sandbox",
     "flows.commands.train",
+    "flows.commands.sft",
     "flows.commands.audit",
     "flows.commands.query",
     "flows.commands.store",
