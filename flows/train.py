@@ -35,6 +35,7 @@ from training.iteration import (
     restore_trainer,
     task_dirs_in,
 )
+from training.lm.conversation import ChatSampling
 from training.lm.trainer import LMTrainerConfig
 from training.recovery import FaultPlan, RecoveryPolicy
 from training.rollout import (
@@ -62,6 +63,12 @@ class TrainSettings:
     """The policy spec (`builtin` or `hf:DIR`); it chooses the trainer."""
     lm_trainer: LMTrainerConfig | None = None
     """Hyper-parameters of the language-model trainer (`hf:` policies); None: the defaults."""
+    sampling: ChatSampling | None = None
+    """How a chat policy samples each turn (None: `ChatSampling()`); the LM trainer divides
+    logits by the same temperature."""
+    trainer_model: str | None = None
+    """`openai:` policies: the served model's weights on this machine; the trainer trains a
+    LoRA adapter on them and loads each new one into the server."""
     iterations: int = 6
     tasks_per_iteration: int = 8
     group_size: int = 4
@@ -270,6 +277,8 @@ def train(settings: TrainSettings) -> list[IterationSummary]:
         resume=settings.resume,
         policy=settings.policy,
         lm_config=settings.lm_trainer,
+        trainer_model=settings.trainer_model,
+        sampling=settings.sampling,
     )
     if first_iteration:
         logger.info("resuming run %s at iteration %d", settings.run_id, first_iteration)

@@ -73,7 +73,7 @@ def completed_iterations(store: TrajectoryStore, run_id: str) -> list[int]:
     return [int(row["iteration"]) for row in rows]
 
 
-_TRAINER_OF_POLICY_KIND = {"builtin": "builtin", "hf": "lm"}
+_TRAINER_OF_POLICY_KIND = {"builtin": "builtin", "hf": "lm", "openai": "lm"}
 
 
 def model_weights_dir(store: TrajectoryStore, run_id: str) -> Path:
@@ -97,6 +97,7 @@ def restore_trainer(
     policy: str = "builtin",
     lm_config: LMTrainerConfig | None = None,
     sampling: ChatSampling | None = None,
+    trainer_model: str | None = None,
 ) -> tuple[Trainer, int]:
     """The trainer to continue with and the first iteration still to run. The policy spec
     chooses the trainer (`training.trainer.new_trainer`); a resumed run continues with the
@@ -114,9 +115,14 @@ def restore_trainer(
         c for c in store.checkpoints.recorded(run_id) if done and c.iteration <= done[-1]
     ]
     if not checkpoints:
-        weights_dir = model_weights_dir(store, run_id) if spec.kind == "hf" else None
+        weights_dir = model_weights_dir(store, run_id) if spec.kind != "builtin" else None
         trainer = new_trainer(
-            policy, seed=seed, weights_dir=weights_dir, lm_config=lm_config, sampling=sampling
+            policy,
+            seed=seed,
+            weights_dir=weights_dir,
+            lm_config=lm_config,
+            sampling=sampling,
+            trainer_model=trainer_model,
         )
         return trainer, 0
     # The newest checkpoint holds the policy after the last done iteration (an iteration that

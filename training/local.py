@@ -34,6 +34,7 @@ from training.iteration import (
 from training.policy import Policy
 
 if TYPE_CHECKING:
+    from training.lm.conversation import ChatSampling
     from training.lm.trainer import LMTrainerConfig
 from training.rollout import plan_iteration, rollout_shard_and_commit
 from training.trajectory import Trajectory
@@ -94,6 +95,7 @@ def train_locally(
     resume: bool = False,
     policy: str = "builtin",
     lm_config: LMTrainerConfig | None = None,
+    sampling: ChatSampling | None = None,
     gate_settings: GateSettings | None = None,
     on_iteration: Callable[[IterationSummary], None] | None = None,
 ) -> list[IterationSummary]:
@@ -108,7 +110,13 @@ def train_locally(
     store = store if isinstance(store, TrajectoryStore) else TrajectoryStore(store)
     task_dirs = task_dirs_in(tasks_dir)
     trainer, first = restore_trainer(
-        store, run_id, seed=seed, resume=resume, policy=policy, lm_config=lm_config
+        store,
+        run_id,
+        seed=seed,
+        resume=resume,
+        policy=policy,
+        lm_config=lm_config,
+        sampling=sampling,
     )
     gate_settings = gate_settings or GateSettings.from_env()
     done: list[IterationSummary] = []

@@ -4,13 +4,16 @@ The loop (`training.iteration`, the train flow) samples with `trainer.policy`, h
 iteration's committed batch to `trainer.update`, and saves `trainer.save_checkpoint` to the
 store's checkpoints table with its lineage. Two trainers implement it, chosen by the policy spec:
 `builtin` trains the candidate scorer (`training.builtin.grpo.GRPOTrainer`); `hf:DIR` trains a
-transformers causal LM token by token (`training.lm.trainer.LMTrainer`). Both take their groups
-and masks from `training.advantages.group_advantages`.
+transformers causal LM token by token (`training.lm.trainer.LMTrainer`), and so does
+`openai:URL#MODEL` given the served model's weights (`trainer_model`), loading each update's LoRA
+adapter into the server. Both trainers take their groups and masks from
+`training.advantages.group_advantages`.
 """
 
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Protocol
@@ -70,9 +73,11 @@ def new_trainer(
     weights_dir: str | Path | None = None,
     lm_config: LMTrainerConfig | None = None,
     sampling: ChatSampling | None = None,
+    trainer_model: str | Path | None = None,
 ) -> Trainer:
-    """A fresh trainer for the policy a spec names: `builtin` or `hf:DIR`. `weights_dir` is
-    where an LM trainer writes each update's weights (an HF directory per version)."""
+    """A fresh trainer for the policy a spec names. `weights_dir` is where an LM trainer writes
+    each update's weights (an HF directory per version); `trainer_model` is the local copy of
+    the weights an `openai:` server serves (trained as LoRA, adapters loaded into the server)."""
     from training.lm.spec import parse_policy_spec
 
     spec = parse_policy_spec(policy_spec)
@@ -81,26 +86,33 @@ def new_trainer(
         from training.builtin.scorer_policy import CandidateScorerPolicy
 
         return GRPOTrainer(CandidateScorerPolicy(seed=seed), GRPOConfig(seed=seed))
-    if spec.kind == "hf":
-        from training.lm.spec import check_model_dir
-        from training.lm.trainer import LMTrainer, LMTrainerConfig
+    from training.lm.spec import check_model_dir
+    from training.lm.trainer import LMTrainer, LMTrainerConfig, LoraSettings, ServedAdapters
 
+    if weights_dir is None:
+        raise TrainingSettingsError(f"training {policy_spec} needs a directory for new weights")
+    config = lm_config or LMTrainerConfig(seed=seed)
+    if spec.kind == "hf":
         assert spec.model_dir is not None
         check_model_dir(spec.model_dir)
-        if weights_dir is None:
-            raise TrainingSettingsError(
-                f"training {policy_spec} needs a directory for the updated weights"
-            )
         return LMTrainer.from_model_dir(
-            spec.model_dir,
-            weights_dir=weights_dir,
-            config=lm_config or LMTrainerConfig(seed=seed),
-            sampling=sampling,
+            spec.model_dir, weights_dir=weights_dir, config=config, sampling=sampling
         )
-    raise TrainingSettingsError(
-        f"policy {policy_spec} cannot be trained here: the trainer needs the weights; train "
-        "hf:DIR (the same model's directory) and serve its adapters with "
-        "training.lm.trainer.sync_adapter_to_server"
+    assert spec.base_url is not None and spec.model is not None
+    if trainer_model is None:
+        raise TrainingSettingsError(
+            f"training {policy_spec} needs the served model's weights on this machine: give "
+            "--trainer-model DIR (the directory the server loaded)"
+        )
+    check_model_dir(trainer_model)
+    if config.lora is None:
+        config = dataclasses.replace(config, lora=LoraSettings())
+    return LMTrainer.from_model_dir(
+        trainer_model,
+        weights_dir=weights_dir,
+        config=config,
+        sampling=sampling,
+        served=ServedAdapters(spec.base_url, spec.model),
     )
 
 

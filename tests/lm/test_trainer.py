@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import torch
 
-from rollyard.status import EpisodeStatus
 from storage import TrajectoryStore
-from training.actions import History, Observation, RunCommand, Submit
+from tests.lm.sampled_episodes import batch_of, sampled_episode
+from training.actions import History
 from training.errors import TrainerError
 from training.lm.conversation import ChatSampling
 from training.lm.generate import LocalGenerator, SamplingParams
@@ -29,12 +29,6 @@ from training.lm.trainer import (
 )
 from training.policy import ChatRecord
 from training.trainer import load_trainer
-from training.trajectory import EpisodeKey, Step, Trajectory
-
-TOOL_OUTPUT = (
-    "\n<|im_start|>user\n<tool_response>\nFAILED tests/test_x.py::test_y\n[exit code 1]\n"
-    "</tool_response><|im_end|>\n<|im_start|>assistant\n"
-)
 
 
 @pytest.fixture(scope="module")
@@ -54,71 +48,6 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def generator(model_dir: Path) -> LocalGenerator:
     # The `hf:` policy's own generator: the sampler under test is the in-process policy's.
     return HFPolicy(model_dir).generator()
-
-
-def sampled_episode(
-    generator: LocalGenerator,
-    *,
-    group: int,
-    sample: int,
-    reward: float | None,
-    status: EpisodeStatus = EpisodeStatus.OK,
-    iteration: int = 0,
-) -> Trajectory:
-    """Two sampled turns with a tool's output between them, as token in / token out stores
-    them: turn 2's prompt is turn 1's prompt + completion + the tool-output tokens."""
-    seed = 1000 * iteration + 10 * group + sample
-    messages = [{"role": "user", "content": f"Fix the bug in module {group}."}]
-    first = generator.generate_batch(
-        [generator.prompt(messages, None, SamplingParams(max_tokens=12, seed=seed))]
-    )[0]
-    tool_ids = generator.tokenizer.encode(TOOL_OUTPUT, add_special_tokens=False)
-    second_prompt = first.prompt_token_ids + first.token_ids + tuple(tool_ids)
-    second = generator.generate_batch(
-        [generator.prompt_from_token_ids(second_prompt, SamplingParams(max_tokens=10, seed=seed))]
-    )[0]
-    records = [
-        ChatRecord("random", c.prompt_token_ids, c.token_ids, c.logprobs, c.finish_reason)
-        for c in (first, second)
-    ]
-    steps = (
-        Step(0, RunCommand("pytest"), Observation("FAILED", 1), 0.0, 0.0, record=records[0]),
-        Step(1, Submit(), Observation("submitted", 0), 0.0, 0.0, record=records[1]),
-    )
-    key = EpisodeKey("run", iteration, group_index=group, sample_index=sample)
-    task_id = f"task-{group}"
-    return Trajectory(
-        episode_id=key.episode_id(task_id),
-        group_id=key.group_id(task_id),
-        key=key,
-        task_id=task_id,
-        task_version="1",
-        instruction="fix it",
-        snapshot_digest="sha256:x",
-        sandbox_backend="bwrap",
-        policy_version="hf:random@0",
-        status=status,
-        steps=steps,
-        terminated=True,
-        truncated=False,
-        reward=reward,
-        passed=reward == 1.0 if reward is not None else None,
-        error=None if status == EpisodeStatus.OK else "sandbox died",
-    )
-
-
-def batch_of(generator: LocalGenerator, rewards: dict[int, list[float | None]]) -> list[Trajectory]:
-    return [
-        sampled_episode(
-            generator,
-            group=group,
-            sample=sample,
-            reward=reward,
-            status=EpisodeStatus.OK if reward is not None else EpisodeStatus.INFRA_ERROR,
-        )
-        for group, group_rewards in rewards.items()
-        for sample, reward in enumerate(group_rewards)
-    ]
 
 
 def new_trainer(model_dir: Path, tmp_path: Path, **config: Any) -> LMTrainer:

@@ -6,7 +6,11 @@ The wire format is the OpenAI chat-completions API with vLLM's extras for token-
 choice; `return_tokens_as_token_ids: true` names logprob tokens `token_id:N`), tool calls parsed
 from the model's `<tool_call>` blocks as vLLM's `hermes` parser does, and errors as vLLM's
 `{"error": {"message", "type", "param", "code"}}` body. Concurrent requests are grouped into one
-forward batch (`BatchingGenerator`).
+forward batch (`BatchingGenerator`). LoRA adapters load and unload at runtime through vLLM's
+endpoints (`POST /v1/load_lora_adapter {"lora_name", "lora_path"}`, `POST
+/v1/unload_lora_adapter {"lora_name"}`, as vLLM serves them with
+`VLLM_ALLOW_RUNTIME_LORA_UPDATING=True --enable-lora`); a request names an adapter as its
+`model`, and `/v1/models` lists adapters with the base model as their parent.
 
     python -m training.lm.server --model DIR --host 127.0.0.1 --port 8000 \\
         [--served-model-name NAME] [--extra-latency-ms MS] [--max-batch-size N]
@@ -26,7 +30,7 @@ from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from training.errors import ContextLengthError, LanguageModelError, ModelDirError
@@ -167,12 +171,39 @@ class ServerOptions:
     `--enable-auto-tool-choice --tool-call-parser` (so clients can test that answer)."""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Served:
+    """One model the server answers for: the base model or a loaded adapter."""
+
+    generator: LocalGenerator
+    batcher: BatchingGenerator
+    lora_path: str | None = None
+
+
+def _merged_adapter(base: LocalGenerator, lora_path: str) -> LocalGenerator:
+    """The served base model with the adapter of `lora_path` merged into a copy of it (a tiny
+    model is copied in milliseconds; vLLM applies adapters per request instead)."""
+    import copy
+
+    from peft import PeftModel
+
+    model = PeftModel.from_pretrained(copy.deepcopy(base.model), lora_path).merge_and_unload()
+    return LocalGenerator(model, base.tokenizer, name=Path(lora_path).name)
+
+
 def create_app(generator: LocalGenerator, options: ServerOptions) -> FastAPI:
     """The FastAPI app serving `generator` under `options.served_model_name`."""
     batcher = BatchingGenerator(generator, max_batch_size=options.max_batch_size)
     app = FastAPI(title="rollyard small-scale OpenAI-compatible server")
     app.state.batcher = batcher
-    app.router.add_event_handler("shutdown", batcher.close)
+    served: dict[str, _Served] = {options.served_model_name: _Served(generator, batcher)}
+    app.state.served = served
+
+    def close_all() -> None:
+        for model in list(served.values()):
+            model.batcher.close()
+
+    app.router.add_event_handler("shutdown", close_all)
     created = int(time.time())
 
     @app.exception_handler(RequestValidationError)
@@ -203,27 +234,64 @@ def create_app(generator: LocalGenerator, options: ServerOptions) -> FastAPI:
             "object": "list",
             "data": [
                 {
-                    "id": options.served_model_name,
+                    "id": name,
                     "object": "model",
                     "created": created,
                     "owned_by": "rollyard",
-                    "root": options.served_model_name,
-                    "parent": None,
-                    "max_model_len": generator.max_context_tokens,
+                    "root": model.lora_path or name,
+                    "parent": options.served_model_name if model.lora_path else None,
+                    "max_model_len": model.generator.max_context_tokens,
                 }
+                for name, model in served.items()
             ],
         }
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: ChatCompletionRequest) -> dict[str, Any]:
-        if request.model != options.served_model_name:
+        model = served.get(request.model)
+        if model is None:
             raise _ApiError(404, f"The model `{request.model}` does not exist.", "model")
-        prompts = _prompts(generator, request, options)
-        futures = [asyncio.wrap_future(batcher.submit(prompt)) for prompt in prompts]
+        prompts = _prompts(model.generator, request, options)
+        futures = [asyncio.wrap_future(model.batcher.submit(prompt)) for prompt in prompts]
         completions = await asyncio.gather(*futures)
         if options.extra_latency_ms:
             await asyncio.sleep(options.extra_latency_ms / 1000)
-        return _response(generator, request, options, completions)
+        return _response(model.generator, request, options, completions)
+
+    @app.post("/v1/load_lora_adapter", response_class=PlainTextResponse)
+    async def load_lora_adapter(request: LoadLoraAdapterRequest) -> str:
+        if request.lora_name in served:
+            raise _ApiError(
+                400, f"The lora adapter '{request.lora_name}' has already been loaded.", "lora_name"
+            )
+        if not Path(request.lora_path, "adapter_config.json").is_file():
+            raise _ApiError(
+                400,
+                f"No adapter found for {request.lora_path}: it holds no adapter_config.json",
+                "lora_path",
+            )
+        try:
+            merged = await asyncio.get_running_loop().run_in_executor(
+                None, _merged_adapter, generator, request.lora_path
+            )
+        except (OSError, ValueError, KeyError, RuntimeError) as error:
+            raise _ApiError(
+                400, f"cannot load the adapter at {request.lora_path}: {error}", "lora_path"
+            ) from error
+        adapter_batcher = BatchingGenerator(merged, max_batch_size=options.max_batch_size)
+        served[request.lora_name] = _Served(merged, adapter_batcher, request.lora_path)
+        return f"Success: LoRA adapter '{request.lora_name}' added successfully."
+
+    @app.post("/v1/unload_lora_adapter", response_class=PlainTextResponse)
+    async def unload_lora_adapter(request: UnloadLoraAdapterRequest) -> str:
+        model = served.get(request.lora_name)
+        if model is None or model.lora_path is None:
+            raise _ApiError(
+                404, f"The lora adapter '{request.lora_name}' cannot be found.", "lora_name"
+            )
+        del served[request.lora_name]
+        model.batcher.close()
+        return f"Success: LoRA adapter '{request.lora_name}' removed successfully."
 
     return app
 
@@ -334,7 +402,7 @@ def _response(
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
         "created": int(time.time()),
-        "model": options.served_model_name,
+        "model": request.model,
         "choices": choices,
         "usage": {
             "prompt_tokens": prompt_tokens,

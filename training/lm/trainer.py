@@ -20,8 +20,10 @@ Read top to bottom:
    size; a sequence longer than the budget is an error naming it.
 6. After an update the weights are written as a Hugging Face directory (full model, or the LoRA
    adapter) with the tokenizer; the policy acts from it (`hf:DIR`), so the rollout side takes
-   the new weights once per version. `save_checkpoint` records the directory and the optimizer
-   in the store's checkpoints table.
+   the new weights once per version (workers cache a loaded model by its weights' digest). With
+   `ServedAdapters`, the new adapter is loaded into the OpenAI-compatible server instead
+   (vLLM's `/v1/load_lora_adapter`) and the policy's requests name it as their model.
+   `save_checkpoint` records the directory and the optimizer in the store's checkpoints table.
 """
 
 from __future__ import annotations
@@ -40,13 +42,14 @@ import torch
 from training.advantages import GroupStats, InfraFailureRule, group_advantages
 from training.errors import TrainerError, TrainingSettingsError
 from training.lm.conversation import ChatSampling
-from training.lm.hf_policy import HFPolicy
+from training.lm.hf_policy import HFPolicy, weights_digest
 from training.lm.tokens import TrainingSequence, training_sequences, trajectory_turns
 from training.trainer import Trainer
 from training.trajectory import Trajectory
 
 if TYPE_CHECKING:
     from storage import CheckpointInfo, TrajectoryStore
+    from training.policy import Policy
 
 LossAggregation = Literal["token", "sequence"]
 
@@ -133,6 +136,42 @@ class LMTrainerConfig:
             lora["target_modules"] = tuple(lora["target_modules"])
             values["lora"] = LoraSettings(**lora)
         return cls(**values)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServedAdapters:
+    """The server an `openai:` policy talks to, which takes each new LoRA adapter at runtime:
+    vLLM started with `--enable-lora` and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`, or rollyard's
+    small-scale server (`training.lm.server`), serving the base model the trainer starts from."""
+
+    base_url: str
+    """The API root, e.g. `http://127.0.0.1:8000/v1`."""
+    base_model: str
+    """The served base model's name."""
+
+    def load(self, lora_name: str, adapter_dir: Path) -> None:
+        """`POST /v1/load_lora_adapter`; an adapter already loaded under the name is kept (a
+        resumed run loads its last adapter again)."""
+        import httpx
+
+        try:
+            response = httpx.post(
+                f"{self.base_url}/load_lora_adapter",
+                json={"lora_name": lora_name, "lora_path": str(adapter_dir)},
+                timeout=120.0,
+            )
+        except httpx.TransportError as error:
+            raise TrainerError(
+                f"cannot load adapter {lora_name} into {self.base_url}: {error}"
+            ) from error
+        if response.status_code == 400 and "already been loaded" in response.text:
+            return
+        if response.status_code != 200:
+            raise TrainerError(
+                f"{self.base_url}/load_lora_adapter answered {response.status_code} for "
+                f"{lora_name}: {response.text[:300]}; start vLLM with --enable-lora and "
+                "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"
+            )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -298,7 +337,13 @@ class LMTrainer(Trainer):
         config: LMTrainerConfig,
         sampling: ChatSampling | None = None,
         updates: int = 0,
+        served: ServedAdapters | None = None,
     ) -> None:
+        if served is not None and config.lora is None:
+            raise TrainingSettingsError(
+                "a served policy takes new weights as LoRA adapters: set LMTrainerConfig.lora"
+            )
+        self.served = served
         self.model = model
         self.tokenizer = tokenizer
         self.base_model_dir = Path(base_model_dir).resolve()
@@ -330,9 +375,11 @@ class LMTrainer(Trainer):
         weights_dir: str | Path,
         config: LMTrainerConfig | None = None,
         sampling: ChatSampling | None = None,
+        served: ServedAdapters | None = None,
     ) -> LMTrainer:
         """A trainer starting from the model in `model_dir` (the policy acts from it until the
-        first update)."""
+        first update). With `served`, the policy is the server's model and each update's
+        adapter is loaded into that server."""
         config = config or LMTrainerConfig()
         model, tokenizer = _load(model_dir, adapter_dir=None, lora=config.lora)
         return cls(
@@ -343,11 +390,31 @@ class LMTrainer(Trainer):
             weights_dir=weights_dir,
             config=config,
             sampling=sampling,
+            served=served,
         )
 
     @property
-    def policy(self) -> HFPolicy:
-        return HFPolicy(self.policy_dir, sampling=self.sampling)
+    def policy(self) -> Policy:
+        """`hf:` over the weights after the last update, or, served, the `openai:` policy whose
+        requests name the last update's adapter (the version is the adapter's digest)."""
+        if self.served is None:
+            return HFPolicy(self.policy_dir, sampling=self.sampling)
+        from training.lm.openai_policy import OpenAIPolicy
+
+        if self.policy_dir == self.base_model_dir:
+            return OpenAIPolicy(
+                self.served.base_url, self.served.base_model, sampling=self.sampling
+            )
+        name = self.adapter_name
+        return OpenAIPolicy(
+            self.served.base_url, name, sampling=self.sampling, version=f"openai:{name}"
+        )
+
+    @property
+    def adapter_name(self) -> str:
+        """The served name of the current adapter: the base model's and the weights' digest."""
+        assert self.served is not None
+        return f"{self.served.base_model}@{weights_digest(self.policy_dir)[:12]}"
 
     @property
     def temperature(self) -> float:
@@ -519,6 +586,8 @@ class LMTrainer(Trainer):
 
         _write_atomically(out, write)
         self.policy_dir = out
+        if self.served is not None:
+            self.served.load(self.adapter_name, out)
 
     # -- checkpoints ----------------------------------------------------------------------------
 
@@ -546,6 +615,7 @@ class LMTrainer(Trainer):
             "base_model_dir": str(self.base_model_dir),
             "weights_dir": _relative_to(self.weights_dir, root),
             "sampling": dataclasses.asdict(self.sampling),
+            "served": dataclasses.asdict(self.served) if self.served else None,
         }
         return store.checkpoints.save(
             run_id,
@@ -596,7 +666,10 @@ class LMTrainer(Trainer):
             config=config,
             sampling=sampling or ChatSampling(**state["sampling"]),
             updates=int(state["updates"]),
+            served=ServedAdapters(**state["served"]) if state.get("served") else None,
         )
+        if trainer.served is not None and trained:  # the server may have restarted since
+            trainer.served.load(trainer.adapter_name, model_dir)
         trainer.optimizer.load_state_dict(state["optimizer"])
         version, internal, gauss = state["shuffle_state"]
         trainer._random.setstate((version, tuple(internal), gauss))
