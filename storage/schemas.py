@@ -11,8 +11,6 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from rollyard.status import ALL_STATUSES
-
 # v2: episodes record what acted (policy_kind, policy_model, sampling); steps record a language
 # model's turns token in / token out (turn, tool_call_id, prompt_token_ids, finish_reason,
 # reply_message). A v1 table lacks these columns and is refused on open (see `_check_schema`).

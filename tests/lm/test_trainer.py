@@ -183,8 +183,10 @@ def test_gradient_accumulation_gives_the_full_batch_gradient(
     split = new_trainer(model_dir, tmp_path / "b", max_tokens_per_microbatch=longest)
     assert whole.update(batch).microbatches == 1
     assert split.update(batch).microbatches == 4
-    for one, many in zip(parameters(whole), parameters(split), strict=True):
-        assert torch.allclose(one, many, atol=1e-6)
+    # The gradient the optimizer stepped with (left in .grad) is the same, up to summation order.
+    for one, many in zip(whole.model.parameters(), split.model.parameters(), strict=True):
+        assert one.grad is not None and many.grad is not None
+        assert torch.allclose(one.grad, many.grad, rtol=1e-4, atol=1e-7)
 
     too_small = new_trainer(model_dir, tmp_path / "c", max_tokens_per_microbatch=longest - 1)
     with pytest.raises(TrainerError, match="over max_tokens_per_microbatch"):
@@ -258,3 +260,42 @@ def test_episodes_without_token_ids_are_refused(
     ]
     with pytest.raises(TrainerError, match="stores no sampled token ids"):
         new_trainer(model_dir, tmp_path).update(batch)
+
+
+def test_an_iteration_records_throughput_and_resumes_with_the_trainer_its_spec_names(
+    model_dir: Path, generator: LocalGenerator, tmp_path: Path
+) -> None:
+    from training.errors import TrainingSettingsError
+    from training.iteration import finish_iteration, restore_trainer
+
+    store = TrajectoryStore(tmp_path / "store")
+    spec = f"hf:{model_dir}"
+    trainer, first = restore_trainer(store, "lm", seed=0, resume=False, policy=spec)
+    assert isinstance(trainer, LMTrainer) and first == 0
+    batch = batch_of(generator, {0: [1.0, 0.0], 1: [0.0, 1.0]})
+    summary = finish_iteration(
+        store, trainer, run_id="lm", iteration=0, batch=batch, trainable=batch,
+        quarantined=False, wall_s=2.0,
+    )  # fmt: skip
+    values = {
+        row["name"]: row["value"]
+        for row in store.query(
+            "SELECT name, value FROM metrics WHERE run_id = 'lm' AND iteration = 0"
+        ).to_pylist()
+    }
+    sampled = sum(
+        len(s.record.completion_token_ids) for t in batch for s in t.steps if s.record is not None
+    )
+    assert values["sampled_tokens"] == sampled
+    assert values["sampled_tokens_per_s"] == pytest.approx(sampled / 2.0)
+    assert values["update_s"] > 0 and values["rollout_wall_s"] == 2.0
+    assert values["trained_tokens_per_s"] == pytest.approx(
+        values["tokens_trained"] / values["update_s"]
+    )
+    assert summary.policy_version == trainer.policy.version != HFPolicy(model_dir).version
+
+    resumed, next_iteration = restore_trainer(store, "lm", seed=0, resume=True, policy=spec)
+    assert isinstance(resumed, LMTrainer) and next_iteration == 1
+    assert resumed.policy.version == trainer.policy.version and resumed.updates == 1
+    with pytest.raises(TrainingSettingsError, match="trained by the lm trainer"):
+        restore_trainer(store, "lm", seed=0, resume=True, policy="builtin")
