@@ -68,6 +68,7 @@ def warm_start(root: Path, base: Path, warm_tasks: Path, args: argparse.Namespac
         "--policy", f"hf:{base}", "--out", str(out), "--no-test-run",
         "--steps", str(args.sft_steps), "--batch-size", "4",
         "--learning-rate", str(args.sft_learning_rate), "--store", str(root / "sft-store"),
+        "--max-seconds", str(args.sft_max_seconds),
     ]  # fmt: skip
     finished = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if finished.returncode != 0:
@@ -152,10 +153,11 @@ def main() -> None:
     parser.add_argument("--warm-tasks", type=int, default=48)
     parser.add_argument("--held-out-tasks", type=int, default=12)
     parser.add_argument("--held-out-samples", type=int, default=2)
-    parser.add_argument("--hidden-size", type=int, default=192)
+    parser.add_argument("--hidden-size", type=int, default=128)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--sft-steps", type=int, default=150)
     parser.add_argument("--sft-learning-rate", type=float, default=2e-3)
+    parser.add_argument("--sft-max-seconds", type=float, default=900.0)
     parser.add_argument("--learning-rate", type=float, default=2e-5)
     parser.add_argument("--kl-coef", type=float, default=0.0)
     parser.add_argument("--max-tokens", type=int, default=96)
