@@ -69,7 +69,7 @@ class PolicySampler:
     def __call__(self, task: Task, index: int) -> float | None:
         from sandboxes import open_sandbox
         from training.episode import EpisodeConfig, run_episode
-        from training.trainer import load_trainer
+        from training.iteration import load_trainer
         from training.trajectory import EpisodeKey
 
         if self._policy is None:

@@ -49,7 +49,7 @@ from training.errors import (
     TrainingError,
 )
 from training.policy import ChatRecord, Decision, Policy, ScorerRecord, ScriptedPolicy
-from training.trainer import Trainer, load_trainer, new_trainer
+from training.trainer import Trainer
 from training.trajectory import EpisodeKey, Step, Trajectory
 
 __all__ = [
@@ -91,8 +91,6 @@ __all__ = [
     "group_advantages",
     "history_messages",
     "load_checkpoint",
-    "load_trainer",
-    "new_trainer",
     "run_episode",
     "verify_agent_sandbox",
 ]

@@ -20,8 +20,8 @@ from storage import CheckpointInfo, StoreError, TrajectoryStore
 from tasks_lib.format.loader import load_task
 from training.episode import EpisodeConfig
 from training.errors import TrainingSettingsError
+from training.iteration import load_trainer
 from training.recovery import RecoveryPolicy, run_episode_with_recovery
-from training.trainer import load_trainer
 from training.trajectory import EpisodeKey, Trajectory
 
 EVALUATION_SOURCE = "evaluation"

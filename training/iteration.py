@@ -1,6 +1,7 @@
 """What a training iteration is, shared by the Prefect flow (`flows.train`) and in-process
-training (`training.local`): where a run stands, and how an iteration's committed batch is
-turned into an update, a checkpoint and a completion marker.
+training (`training.local`): where a run stands, which trainer the policy spec chooses (new or
+restored from a checkpoint), and how an iteration's committed batch is turned into an update, a
+checkpoint and a completion marker.
 
 An iteration is done when its marker — a metrics row with source `train_flow`, written last,
 after the checkpoint — is in the store. Resume starts after the last done iteration, from the
@@ -20,7 +21,7 @@ from storage import CommitError, StoreError, TrajectoryStore
 from tasks_lib.format.finder import tasks_in
 from training.errors import TrainingSettingsError
 from training.policy import ChatRecord
-from training.trainer import Trainer, TrainerMetrics, load_trainer, new_trainer
+from training.trainer import Trainer, TrainerMetrics
 from training.trajectory import Trajectory
 
 if TYPE_CHECKING:
@@ -71,6 +72,79 @@ def completed_iterations(store: TrajectoryStore, run_id: str) -> list[int]:
     except StoreError:
         return []  # a new store: nothing done yet
     return [int(row["iteration"]) for row in rows]
+
+
+def new_trainer(
+    policy_spec: str,
+    *,
+    seed: int,
+    weights_dir: str | Path | None = None,
+    lm_config: LMTrainerConfig | None = None,
+    sampling: ChatSampling | None = None,
+    trainer_model: str | Path | None = None,
+) -> Trainer:
+    """A fresh trainer for the policy a spec names. `weights_dir` is where an LM trainer writes
+    each update's weights (an HF directory per version); `trainer_model` is the local copy of
+    the weights an `openai:` server serves (trained as LoRA, adapters loaded into the server)."""
+    from training.lm.spec import parse_policy_spec
+
+    spec = parse_policy_spec(policy_spec)
+    if spec.kind == "builtin":
+        from training.builtin.grpo import GRPOConfig, GRPOTrainer
+        from training.builtin.scorer_policy import CandidateScorerPolicy
+
+        return GRPOTrainer(CandidateScorerPolicy(seed=seed), GRPOConfig(seed=seed))
+    from training.lm.spec import check_model_dir
+    from training.lm.trainer import LMTrainer, LMTrainerConfig, LoraSettings, ServedAdapters
+
+    if weights_dir is None:
+        raise TrainingSettingsError(f"training {policy_spec} needs a directory for new weights")
+    config = lm_config or LMTrainerConfig(seed=seed)
+    if spec.kind == "hf":
+        assert spec.model_dir is not None
+        check_model_dir(spec.model_dir)
+        return LMTrainer.from_model_dir(
+            spec.model_dir, weights_dir=weights_dir, config=config, sampling=sampling
+        )
+    assert spec.base_url is not None and spec.model is not None
+    if trainer_model is None:
+        raise TrainingSettingsError(
+            f"training {policy_spec} needs the served model's weights on this machine: give "
+            "--trainer-model DIR (the directory the server loaded)"
+        )
+    check_model_dir(trainer_model)
+    if config.lora is None:
+        config = dataclasses.replace(config, lora=LoraSettings())
+    return LMTrainer.from_model_dir(
+        trainer_model,
+        weights_dir=weights_dir,
+        config=config,
+        sampling=sampling,
+        served=ServedAdapters(spec.base_url, spec.model),
+    )
+
+
+def load_trainer(
+    store: TrajectoryStore,
+    run_id: str,
+    policy_version: str,
+    *,
+    seed: int = 0,
+    sampling: ChatSampling | None = None,
+) -> Trainer:
+    """The trainer (and its policy) a checkpoint of either trainer holds."""
+    info = next(
+        (c for c in store.checkpoints.recorded(run_id) if c.policy_version == policy_version),
+        None,
+    )
+    kind = info.metadata.get("trainer", "builtin") if info is not None else "builtin"
+    if kind == "lm":
+        from training.lm.trainer import LMTrainer
+
+        return LMTrainer.load_checkpoint(store, run_id, policy_version, sampling=sampling)
+    from training.builtin.grpo import load_checkpoint
+
+    return load_checkpoint(store, run_id, policy_version, seed=seed)
 
 
 _TRAINER_OF_POLICY_KIND = {"builtin": "builtin", "hf": "lm", "openai": "lm"}

@@ -15,6 +15,7 @@ from storage import TrajectoryStore
 from tests.lm.sampled_episodes import batch_of, sampled_episode
 from training.actions import History
 from training.errors import TrainerError
+from training.iteration import load_trainer
 from training.lm.conversation import ChatSampling
 from training.lm.generate import LocalGenerator, SamplingParams
 from training.lm.hf_policy import HFPolicy
@@ -28,7 +29,6 @@ from training.lm.trainer import (
     token_logprobs,
 )
 from training.policy import ChatRecord
-from training.trainer import load_trainer
 
 
 @pytest.fixture(scope="module")
