@@ -66,7 +66,7 @@ def warm_start(root: Path, base: Path, warm_tasks: Path, args: argparse.Namespac
     command = [
         sys.executable, "-m", "flows.cli", "sft", "--tasks", str(warm_tasks),
         "--policy", f"hf:{base}", "--out", str(out), "--no-test-run",
-        "--steps", str(args.sft_steps), "--batch-size", "4",
+        "--steps", str(args.sft_steps), "--batch-size", str(args.sft_batch_size),
         "--learning-rate", str(args.sft_learning_rate), "--store", str(root / "sft-store"),
     ]  # fmt: skip
     finished = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
@@ -155,6 +155,7 @@ def main() -> None:
     parser.add_argument("--hidden-size", type=int, default=128)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--sft-steps", type=int, default=150)
+    parser.add_argument("--sft-batch-size", type=int, default=8)
     parser.add_argument("--sft-learning-rate", type=float, default=2e-3)
     parser.add_argument("--learning-rate", type=float, default=2e-5)
     parser.add_argument("--kl-coef", type=float, default=0.0)
