@@ -24,6 +24,7 @@ from tasks_lib.errors import (
     SolutionError,
     TaskError,
     TaskNotFoundError,
+    TaskRefusedError,
     TaskValidationError,
     ValidationIssue,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "Task",
     "TaskError",
     "TaskNotFoundError",
+    "TaskRefusedError",
     "TaskValidationError",
     "ValidationIssue",
     "VerifyResult",

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Literal
 
 from sandboxes import Limits
+from tasks_lib.format.harbor import HarborConfig
 from tasks_lib.format.spec import ArtifactSpec, RulesSpec
 
-HARBOR_FORMAT_VERSION = "1.0"
 DEFAULT_WORKSPACE_DIR = "environment/workspace"
 DEFAULT_TEST_COMMAND = "python -m pytest tests"
 DEFAULT_HIDDEN_DIR = "tests/hidden"
@@ -92,6 +92,12 @@ class Task:
     """The `[rollyard.artifact]` table when `verifier` is `artifact`."""
     rules: RulesSpec | None = None
     """The `[rollyard.rules]` table when `verifier` is `rules`."""
+    harbor: HarborConfig = dataclasses.field(default_factory=HarborConfig)
+    """task.toml in Harbor's terms (environment, verifier mode and env, network, ...)."""
+    workdir: str = "/workspace"
+    """The agent's working directory in Harbor's image (the Dockerfile's WORKDIR, or
+    `[environment].workdir`): the workspace stands there, and test.sh's paths under it are
+    rewritten to the workspace."""
 
     @property
     def verifier_kind(self) -> VerifierKind:

@@ -57,6 +57,9 @@ class VerifyResult:
     snapshot_digest: str = ""
     limit: Limit | None = None
     """For a `timeout`: the limit the candidate's run hit (`wall_time` or `memory`)."""
+    metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """Named rewards a Harbor verifier wrote (`reward.json`, or `reward` from reward.txt);
+    `reward` is the primary one (see `verify/harbor.py`)."""
 
     @property
     def scored(self) -> bool:
@@ -79,6 +82,7 @@ class VerifyResult:
             "detail": self.detail,
             "duration_s": round(self.duration_s, 3),
             "snapshot_digest": self.snapshot_digest,
+            "metrics": dict(self.metrics),
         }
 
 
@@ -197,6 +201,7 @@ class VerifyRun:
         partial_credit: float | None = None,
         *,
         limit: Limit | None = None,
+        metrics: Mapping[str, float] | None = None,
     ) -> VerifyResult:
         """The verdict; a tamper flag zeroes a reward when the policy says so."""
         if reward is not None and self.policy.zero_on_tamper and self.tampered:
@@ -213,6 +218,7 @@ class VerifyRun:
             duration_s=time.monotonic() - self.started,
             snapshot_digest=self.digest,
             limit=limit,
+            metrics=dict(metrics or {}),
         )
 
     def limit_result(
