@@ -6,18 +6,15 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
+from batches import commit_batch, make_batch
 
 from flows.cli import main
 from storage import TrajectoryStore
 from storage.gates import gate_iteration
 from tasks_lib import TaskRefusedError, load_task, solution_changes, validate_task, verify
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "quality"))
-from batches import commit_batch, make_batch  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RUNNABLE = ("shell-greeting", "python-median", "service-health", "separate-sorter",
