@@ -1,7 +1,10 @@
-"""The task format: a Harbor task directory and rollyard's `[rollyard]` table in its task.toml.
+"""The task format: a Harbor task directory, its task.toml read by Harbor's task model, and
+rollyard's `[metadata.rollyard]` table in it.
 
-model.py   the loaded `Task` and the protected-path groups
-loader.py  load and validate a task directory (every problem names file, field, value, fix)
+model.py     the loaded `Task` and the protected-path groups
+harbor.py    Harbor's task model (environment, agent, verifier, network), field for field
+runnable.py  what the local backend runs faithfully, and the refusals of the rest
+loader.py    load and validate a task directory (every problem names file, field, value, fix)
 spec.py    the `[rollyard.artifact]` and `[rollyard.rules]` tables of those verifier kinds
 globs.py   path globs for protected paths
 finder.py  the one rule for what counts as a task directory
