@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from sandboxes.snapshot import TreeBounds, check_workspace_root, tree_size
 from tasks_lib import generate_demo_tasks, load_task, solution_changes, verify
 from tasks_lib.verify.oracle import apply_changes
 
@@ -43,12 +44,19 @@ def main() -> int:
             prepared.append((task, changes, bare_dir))
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
         verify_s: list[float] = []
+        # What the workspace bounds cost on their own: the stat walk and root check each sandbox
+        # open runs before it reads a file (a verification opens one).
+        checks_s: list[float] = []
         bare_s: list[float] = []
         # The same run without third-party plugins, as the verifier runs it: the fair floor.
         bare_noplug_s: list[float] = []
         noplug_env = {**env, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
         for _ in range(args.rounds):
             for task, changes, bare_dir in prepared:
+                started = time.perf_counter()
+                check_workspace_root(task.snapshot_dir)
+                tree_size(task.snapshot_dir, TreeBounds.of(task.limits))
+                checks_s.append(time.perf_counter() - started)
                 started = time.perf_counter()
                 result = verify(task, changes)
                 verify_s.append(time.perf_counter() - started)
@@ -85,6 +93,11 @@ def main() -> int:
         f"p90 {_p90(bare_noplug_s) * 1000:7.1f} ms"
     )
     print(f"verify        p50 {verify_med * 1000:7.1f} ms  p90 {_p90(verify_s) * 1000:7.1f} ms")
+    checks_med = statistics.median(checks_s)
+    print(
+        f"size checks   p50 {checks_med * 1000:7.2f} ms  p90 {_p90(checks_s) * 1000:7.2f} ms  "
+        f"({checks_med / verify_med:.2%} of verify)"
+    )
     print(
         f"ratio (p50)   {verify_med / bare_med:.2f}x vs bare, "
         f"{verify_med / noplug_med:.2f}x vs bare without plugins   target <= 1.30x"

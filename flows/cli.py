@@ -25,9 +25,11 @@ COMMAND_MODULES = (
     "flows.commands.tasks",
     "flows.commands.sandbox",
     "flows.commands.train",
+    "flows.commands.evaluate",
     "flows.commands.audit",
     "flows.commands.query",
     "flows.commands.store",
+    "flows.commands.export",
     "flows.commands.curate",
     "flows.commands.serve",
     "flows.commands.report",
@@ -35,8 +37,8 @@ COMMAND_MODULES = (
 )
 
 
-def _int_at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= `minimum`."""
+def int_between(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer >= `minimum` (and <= `maximum`, when given)."""
 
     def parse(text: str) -> int:
         try:
@@ -45,24 +47,35 @@ def _int_at_least(minimum: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {text}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {text}")
         return value
 
     return parse
 
 
-positive_int = _int_at_least(1)
-non_negative_int = _int_at_least(0)
+positive_int = int_between(1)
+non_negative_int = int_between(0)
 
 
-def positive_float(text: str) -> float:
-    """argparse type: a finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
+def positive_float_up_to(maximum: float | None = None) -> Callable[[str], float]:
+    """An argparse type: a finite number > 0 (and <= `maximum`, when given)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not value > 0 or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum:g}, got {text}")
+        return value
+
+    return parse
+
+
+positive_float = positive_float_up_to()
 
 
 class _OneLineErrorParser(argparse.ArgumentParser):

@@ -1,7 +1,8 @@
 """The `curate` flow: check every task directory (a Dask map of Prefect tasks, one per task:
 each runs dozens of sandboxed verifications, so Prefect's per-task cost is noise), decide
-duplicates across the library, record every verdict in the store's `tasks` table and publish the
-verdicts as a table artifact.
+duplicates within the batch and against the tasks earlier batches admitted, and contamination
+under the run's decontamination policy; record every verdict in the store's `tasks` table and
+publish the verdicts as a table artifact.
 """
 
 from __future__ import annotations
@@ -20,16 +21,19 @@ from prefect.cache_policies import NO_CACHE
 from storage import TrajectoryStore
 from storage.reviews import blocked_families, review_gate
 from tasks_lib.curate import (
+    DEFAULT_POLICY,
+    AdmittedTask,
     CurationSettings,
     Sampler,
     TaskChecks,
+    check_policy,
     check_task_dir,
     decide,
+    earlier_admitted,
     load_eval_set,
     verdict_rows,
 )
 from tasks_lib.curate.review_gate import apply_review_gate
-from tasks_lib.curate.similarity import EvalSet
 from tasks_lib.format.finder import find_task_dirs
 from tasks_lib.format.model import Task
 
@@ -50,6 +54,9 @@ class CurateParams:
     reference_policy_version: str | None = None
     batch_id: str | None = None
     """The `tasks` table batch; a replay of the same batch id writes nothing twice."""
+    decontamination: str = DEFAULT_POLICY
+    """Against the evaluation set: `instance` (reject the same task), `repository` (also every
+    task of a code base found in it) or `off`; recorded with each verdict."""
 
 
 class PolicySampler:
@@ -87,13 +94,26 @@ class PolicySampler:
 
 
 @task(name="check_task_dir", retries=1, retry_delay_seconds=1, cache_policy=NO_CACHE)
-def check_task(
-    task_dir: str,
-    settings: CurationSettings,
-    eval_set: EvalSet | None,
-    sampler: Sampler | None,
-) -> TaskChecks:
-    return check_task_dir(task_dir, settings, eval_set, sampler=sampler)
+def check_task(task_dir: str, settings: CurationSettings, sampler: Sampler | None) -> TaskChecks:
+    return check_task_dir(task_dir, settings, sampler=sampler)
+
+
+def read_earlier_admitted(store: TrajectoryStore) -> list[AdmittedTask]:
+    """The tasks earlier batches admitted, with their fingerprints, from the `tasks` table."""
+    logger = get_run_logger()
+    rows = store.query(
+        "SELECT task_id, status, reason, batch_id FROM tasks_latest "
+        "WHERE status = 'admitted' ORDER BY recorded_at, task_id"
+    ).to_pylist()
+    admitted, unreadable = earlier_admitted(rows)
+    if unreadable:
+        logger.warning(
+            "%d earlier admitted task(s) carry no fingerprint this version reads (e.g. %s); "
+            "curate them again to check new tasks against them",
+            len(unreadable),
+            unreadable[0],
+        )
+    return admitted
 
 
 # -- the flow -----------------------------------------------------------------------------------
@@ -102,6 +122,7 @@ def check_task(
 @flow(name="curate", log_prints=False)
 def curate(params: CurateParams) -> list[dict[str, Any]]:
     logger = get_run_logger()
+    check_policy(params.decontamination)  # before any sandbox runs
     settings = CurationSettings.from_env(
         reruns=params.reruns, random_order_runs=params.random_order_runs
     )
@@ -111,26 +132,31 @@ def curate(params: CurateParams) -> list[dict[str, Any]]:
         sampler = PolicySampler(
             params.store, params.reference_run_id, params.reference_policy_version
         )
-    futures = check_task.map(
-        list(params.task_dirs), unmapped(settings), unmapped(eval_set), unmapped(sampler)
-    )
+    futures = check_task.map(list(params.task_dirs), unmapped(settings), unmapped(sampler))
     checks = [future.result() for future in futures]
     store = TrajectoryStore(params.store)
+    earlier = read_earlier_admitted(store)
     # Human spot checks feed back here: a family whose rewards reviewers often disagree with
     # gets no more tasks admitted until its verifier is fixed.
     blocked = blocked_families(review_gate(store))
     if blocked:
         logger.warning("review gate blocks families: %s", ", ".join(sorted(blocked)))
-    verdicts = apply_review_gate(decide(checks, settings, eval_set), blocked)
+    decided = decide(
+        checks, settings, eval_set, decontamination=params.decontamination, earlier=earlier
+    )
+    verdicts = apply_review_gate(decided, blocked)
     batch_id = params.batch_id or f"curate-{uuid.uuid4().hex[:12]}"
     store.tasks.record(verdict_rows(verdicts), batch_id=batch_id)
     admitted = sum(v.admitted for v in verdicts)
     logger.info(
-        "curation %s: %d of %d tasks admitted (%d runs per candidate)",
+        "curation %s: %d of %d tasks admitted (%d runs per candidate, decontamination %s, "
+        "%d earlier admitted tasks compared)",
         batch_id,
         admitted,
         len(verdicts),
         settings.runs,
+        params.decontamination,
+        len(earlier),
     )
     create_table_artifact(
         key=re.sub(r"[^a-z0-9-]+", "-", batch_id.lower()),

@@ -1,6 +1,8 @@
 """The deployments `rollyard serve` runs on a schedule: nightly curation of the task library,
 periodic evaluation of new checkpoints on held-out tasks, and training (which resumes its run, so
-a scheduled run continues an interrupted one and does nothing once the run is complete).
+a scheduled run continues an interrupted one and does nothing once the run is complete). Training
+takes the policy spec of `ServeSettings.policy`; `evaluate_policy_on_dask` evaluates any policy
+spec on a work pool (`infra/prefect.yaml`).
 
 Served deployments run in the serving process's machine; for a Prefect server with work pools
 and a remote Dask cluster, see `infra/prefect.yaml`.
@@ -17,7 +19,13 @@ from prefect.deployments.runner import RunnerDeployment
 
 from flows.curate import CurateParams, curate, task_dirs_from
 from flows.errors import FlowSettingsError
-from flows.evaluate import EvaluateParams, evaluate
+from flows.evaluate import (
+    EvaluateParams,
+    PolicyEvaluation,
+    PolicyEvaluationSettings,
+    evaluate,
+    evaluate_policy,
+)
 from flows.runtime import dask_task_runner
 from flows.train import TrainSettings, train
 from training.iteration import IterationSummary
@@ -39,6 +47,10 @@ class ServeSettings:
     them for contamination. None: no evaluation deployment."""
     run_id: str = "run-0"
     """The training run the training deployment continues and evaluation follows."""
+    policy: str = "builtin"
+    """The policy spec the training deployment trains (`training.lm.spec`)."""
+    max_concurrent_requests: int = 1
+    """Episodes each training shard keeps in flight against a model server."""
     curate_cron: str = "0 2 * * *"
     evaluate_interval_s: float = 900.0
     train_cron: str = "0 3 * * *"
@@ -87,6 +99,15 @@ def train_on_dask(
     return train.with_options(task_runner=dask_task_runner(workers, dask_address))(settings)
 
 
+@flow(name="evaluate-policy-on-dask", log_prints=False)
+def evaluate_policy_on_dask(
+    settings: PolicyEvaluationSettings, workers: int = 2, dask_address: str | None = None
+) -> PolicyEvaluation:
+    """The evaluate-policy flow on a Dask task runner, for work-pool deployments."""
+    runner = dask_task_runner(workers, dask_address)
+    return evaluate_policy.with_options(task_runner=runner)(settings)
+
+
 def build_deployments(settings: ServeSettings) -> list[RunnerDeployment]:
     """The deployments with their schedules and parameters."""
     from prefect.schedules import Cron, Interval
@@ -118,6 +139,8 @@ def build_deployments(settings: ServeSettings) -> list[RunnerDeployment]:
                         tasks_dir=settings.tasks_dir,
                         store=settings.store,
                         run_id=settings.run_id,
+                        policy=settings.policy,
+                        max_concurrent_requests=settings.max_concurrent_requests,
                         iterations=settings.train_iterations,
                         resume=True,
                     )

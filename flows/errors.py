@@ -49,3 +49,9 @@ class NoWorkersError(FlowError):
 class GateStoppedRun(FlowError):
     """A quality gate failed and the settings say to stop training. What the run committed
     stays in the store (quarantined); `--resume` continues it."""
+
+
+class ShardDeadlineError(FlowError):
+    """A shard ran past its deadline again after its worker had been restarted for it
+    `HUNG_SHARD_RESTARTS` times, or its worker could be neither restarted nor removed; what was
+    committed stays (rerun with `--resume`)."""

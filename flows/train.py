@@ -24,7 +24,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import wait as wait_for_futures
 
 from flows.artifacts import publish_iteration_artifacts
-from flows.errors import FlowSettingsError, GateStoppedRun, NoWorkersError
+from flows.errors import FlowSettingsError, GateStoppedRun, NoWorkersError, ShardDeadlineError
 from storage import TrajectoryStore
 from storage.gates import GateReport, GateSettings
 from storage.gates import gate_iteration as run_gate
@@ -32,10 +32,12 @@ from training.episode import EpisodeConfig
 from training.grpo import GRPOTrainer, UpdateMetrics
 from training.iteration import (
     IterationSummary,
+    check_training_policy,
     finish_iteration,
     restore_trainer,
     task_dirs_in,
 )
+from training.lm.spec import parse_policy_spec
 from training.recovery import FaultPlan, RecoveryPolicy
 from training.rollout import (
     Schedule,
@@ -57,6 +59,11 @@ class TrainSettings:
     store: str
     """Store root (local directory or object-storage URI)."""
     run_id: str = "run-0"
+    policy: str = "builtin"
+    """The policy spec: `builtin`, `openai:BASE_URL#MODEL` or `hf:DIR`
+    (`training.lm.spec`); checked before any episode."""
+    max_concurrent_requests: int = 1
+    """Episodes a shard keeps in flight at once, so a model server batches their requests."""
     iterations: int = 6
     tasks_per_iteration: int = 8
     group_size: int = 4
@@ -86,12 +93,22 @@ class TrainSettings:
     """How long the flow waits while the Dask cluster has no worker at all before it fails with
     a `NoWorkersError` (queued shards would otherwise wait without end); the run continues from
     its last finished iteration with `resume`."""
+    episode_deadline_s: float = 900.0
+    """Orchestration-level deadline of one episode: a shard still running after its episodes'
+    deadlines summed (plus `SHARD_START_ALLOWANCE_S`) is treated as hung (a worker that stopped
+    answering, a call stuck in the kernel); its worker is restarted, its episodes run again on
+    a live one and commit exactly once. Inside, each episode also has its task's own budget."""
     gate_on_failure: str = "continue"
     """What a failed quality gate does besides quarantining the iteration: `continue` training
     (the quarantined batch is not trained on) or `stop` the run. Thresholds come from
     `ROLLYARD_GATE_*` settings (see storage.gates.GateSettings)."""
 
     def __post_init__(self) -> None:
+        parse_policy_spec(self.policy)  # a malformed spec fails here, before anything runs
+        if self.max_concurrent_requests < 1:
+            raise FlowSettingsError(
+                f"max_concurrent_requests must be >= 1, got {self.max_concurrent_requests}"
+            )
         if self.mode not in ("sync", "async"):
             raise FlowSettingsError(f"mode must be 'sync' or 'async', got {self.mode!r}")
         if self.max_policy_lag < 1:
@@ -101,6 +118,10 @@ class TrainSettings:
         if not self.no_worker_timeout_s > 0:
             raise FlowSettingsError(
                 f"no_worker_timeout_s must be positive, got {self.no_worker_timeout_s}"
+            )
+        if not self.episode_deadline_s > 0:
+            raise FlowSettingsError(
+                f"episode_deadline_s must be positive, got {self.episode_deadline_s}"
             )
         if self.schedule not in ("longest_first", "round_robin"):
             raise FlowSettingsError(
@@ -165,6 +186,7 @@ def completed_while_workers_remain(
     no_worker_timeout_s: float,
     check_interval_s: float = WORKER_CHECK_INTERVAL_S,
     worker_count: Callable[[], int | None] = dask_worker_count,
+    watch: Callable[[list[Any]], None] | None = None,
 ) -> Iterator[Any]:
     """Yield `futures` as they finish (within `check_interval_s`), and raise `NoWorkersError`
     once the cluster has had no worker for `no_worker_timeout_s` with some still unfinished.
@@ -172,6 +194,7 @@ def completed_while_workers_remain(
     A scheduler keeps tasks queued while it has no worker (every worker lost, a cluster scaled
     to zero), so waiting for them alone could last forever. Workers that come back (a nanny's
     restart, an autoscaler) reset the clock; a slow shard on a live worker never trips it.
+    `watch` sees the unfinished futures after every wait (the hung-shard deadlines).
     """
     pending = list(futures)
     idle_since: float | None = None
@@ -181,6 +204,8 @@ def completed_while_workers_remain(
         done, _ = wait_for_futures(pending, timeout=check_interval_s)
         finished = [future for future in pending if future in done]
         pending = [future for future in pending if future not in done]
+        if pending and watch is not None:
+            watch(pending)
         if finished:
             idle_since = None
         elif worker_count() == 0:
@@ -195,6 +220,104 @@ def completed_while_workers_remain(
         else:
             idle_since = None
         yield from finished
+
+
+SHARD_START_ALLOWANCE_S = 60.0
+"""Added to a shard's deadline for what is not an episode: start, sandbox opens, the commit."""
+HUNG_SHARD_RESTARTS = 2
+"""Worker restarts one shard may cause before the run fails (the same shard hanging on fresh
+workers is the task's or the host's fault, not a worker's)."""
+
+
+def _processing_workers(dask_scheduler: Any, keys: list[str]) -> dict[str, str]:
+    """Run on the scheduler: the worker each of `keys` is being processed on."""
+    found = {}
+    for key in keys:
+        state = dask_scheduler.tasks.get(key)
+        if state is not None and state.processing_on is not None:
+            found[key] = state.processing_on.address
+    return found
+
+
+async def _remove_worker(dask_scheduler: Any, address: str) -> str:
+    """Run on the scheduler: forget a worker that does not answer; its tasks are rescheduled."""
+    return str(await dask_scheduler.remove_worker(address, stimulus_id="rollyard-shard-deadline"))
+
+
+class HungShardWatch:
+    """Deadlines for running shards. A shard's clock starts when the Dask scheduler is first
+    seen to have it processing on a worker (looked up at each wait, so a worker that stopped
+    answering cannot hide it); past `deadline_s`, that worker is restarted by its nanny (or,
+    without one, removed from the scheduler), which puts the shard back in the queue for a live
+    worker. The store commits a shard once, so a replay after a restart, or a hung worker that
+    wakes up and commits late, writes nothing twice."""
+
+    def __init__(
+        self, deadline_s: Callable[[Any], float], *, max_restarts: int = HUNG_SHARD_RESTARTS
+    ) -> None:
+        self._deadline_s = deadline_s
+        self._max_restarts = max_restarts
+        self._restarts: dict[Any, int] = {}
+        self._on_worker_since: dict[Any, tuple[str, float]] = {}
+        self.restarted_workers: list[str] = []
+        """Addresses of the workers restarted or removed, in order."""
+
+    def __call__(self, pending: list[Any]) -> None:
+        from prefect.context import FlowRunContext
+
+        context = FlowRunContext.get()
+        client = getattr(context.task_runner, "client", None) if context else None
+        if client is None:
+            return  # not under the Dask runner: nothing to restart
+        workers = client.run_on_scheduler(
+            _processing_workers, keys=[future.wrapped_future.key for future in pending]
+        )
+        now = time.monotonic()
+        overdue: dict[str, list[Any]] = {}
+        for future in pending:
+            address = workers.get(future.wrapped_future.key)
+            if address is None:
+                self._on_worker_since.pop(future, None)  # queued: no clock
+                continue
+            seen = self._on_worker_since.get(future)
+            if seen is None or seen[0] != address:
+                self._on_worker_since[future] = seen = (address, now)
+            if now - seen[1] > self._deadline_s(future):
+                overdue.setdefault(address, []).append(future)
+        for address, futures in overdue.items():
+            for future in futures:
+                if self._restarts.get(future, 0) >= self._max_restarts:
+                    raise ShardDeadlineError(
+                        f"a shard (task run {future.task_run_id}) ran past its deadline of "
+                        f"{self._deadline_s(future):.0f} s after {self._max_restarts} worker "
+                        "restarts; look at the worker's host and the task, then rerun with "
+                        "--resume"
+                    )
+            self._restart(client, address)
+            for future in futures:
+                self._restarts[future] = self._restarts.get(future, 0) + 1
+                self._on_worker_since.pop(future, None)
+
+    def _restart(self, client: Any, address: str) -> None:
+        get_run_logger().warning(
+            "a shard ran past its deadline on Dask worker %s: restarting that worker, its "
+            "shards go back to the queue",
+            address,
+        )
+        self.restarted_workers.append(address)
+        try:
+            client.restart_workers([address], timeout=20)
+            return
+        except Exception:  # no nanny, or it did not answer in time: remove the worker instead
+            pass
+        try:
+            client.run_on_scheduler(_remove_worker, address=address)
+        except Exception as error:
+            raise ShardDeadlineError(
+                f"a shard ran past its deadline on Dask worker {address}, which could be "
+                f"neither restarted nor removed ({error}); stop that worker and rerun with "
+                "--resume"
+            ) from error
 
 
 @task(name="gate_iteration", cache_policy=NO_CACHE)
@@ -256,15 +379,23 @@ class _Submitted:
 @flow(name="train", log_prints=False)
 def train(settings: TrainSettings) -> list[IterationSummary]:
     logger = get_run_logger()
+    # Before any episode and any write: the spec, a trainer for it, a server that answers.
+    policy = check_training_policy(settings.policy)
     store = TrajectoryStore(settings.store)
     task_dirs = task_dirs_in(Path(settings.tasks_dir))
     trainer, first_iteration = restore_trainer(
-        store, settings.run_id, seed=settings.seed, resume=settings.resume
+        store, settings.run_id, seed=settings.seed, resume=settings.resume, policy=policy
     )
     if first_iteration:
         logger.info("resuming run %s at iteration %d", settings.run_id, first_iteration)
     recovery = RecoveryPolicy(settings.max_attempts, settings.recovery_mode)  # type: ignore[arg-type]
     in_flight: dict[int, _Submitted] = {}
+    shard_episodes: dict[Any, int] = {}
+    watch = HungShardWatch(
+        lambda future: (
+            shard_episodes[future] * settings.episode_deadline_s + SHARD_START_ALLOWANCE_S
+        )
+    )
 
     def submit(iteration: int, policy_lag: int) -> None:
         predicted = (
@@ -287,8 +418,13 @@ def train(settings: TrainSettings) -> list[IterationSummary]:
             schedule=settings.schedule,
             predicted_s=predicted,
             policy_lag=policy_lag,
+            max_concurrent_requests=settings.max_concurrent_requests,
         )
         futures = [rollout_shard.submit(request, settings.store) for request in requests]
+        shard_episodes.update(
+            (future, len(request.episodes))
+            for future, request in zip(futures, requests, strict=True)
+        )
         in_flight[iteration] = _Submitted(requests, futures, trainer.updates, time.monotonic())
         _report(
             "iteration_start", iteration=iteration, episodes=sum(len(r.episodes) for r in requests)
@@ -306,9 +442,10 @@ def train(settings: TrainSettings) -> list[IterationSummary]:
         submitted = in_flight.pop(iteration)
         outcomes: list[ShardOutcome] = []
         for future in completed_while_workers_remain(
-            submitted.futures, no_worker_timeout_s=settings.no_worker_timeout_s
+            submitted.futures, no_worker_timeout_s=settings.no_worker_timeout_s, watch=watch
         ):
             outcome = future.result()
+            shard_episodes.pop(future, None)
             outcomes.append(outcome)
             _report(
                 "shard_done",

@@ -23,6 +23,26 @@ WORKSPACE_MOUNT = "/workspace"
 """Where the workspace appears inside every sandbox (and the working directory of commands)."""
 
 
+LIMIT_MAXIMA: dict[str, int] = {
+    # A day: no single command of an episode or a verification runs longer.
+    "wall_time_s": 86_400,
+    # A week of CPU seconds: a day on every core a sandbox may have on a large host.
+    "cpu_time_s": 604_800,
+    # 1 TiB: beyond any host rollyard runs on; larger numbers are typos.
+    "memory_mb": 1 << 20,
+    # Well above any test suite; the kernel's own pid space is 32768 on many hosts.
+    "pids": 65_536,
+    "cpus": 256,
+    # tmpfs layers: charged to the sandbox's memory, so bounded like it.
+    "disk_mb": 1 << 20,
+    # Captured in memory, twice (stdout and stderr).
+    "output_bytes": 64 << 20,
+    "workspace_mb": 64 << 10,
+    "workspace_files": 1_000_000,
+}
+"""The largest value each `Limits` field accepts; the CLI's sandbox flags share them."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Limits:
     """Resource limits of one sandbox. Every field can be overridden; network is always off."""
@@ -41,6 +61,11 @@ class Limits:
     """Bytes the workspace may grow by (size of the copy-on-write upper layer), and of /tmp."""
     output_bytes: int = 1_000_000
     """Captured bytes per stream (stdout, stderr); beyond it the head and tail are kept."""
+    workspace_mb: int = 1024
+    """Size of the snapshot a sandbox opens over, apparent and allocated bytes each (checked by
+    `stat` before any file is read or copied)."""
+    workspace_files: int = 50_000
+    """Entries (files, directories, links) of the snapshot a sandbox opens over."""
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -51,6 +76,11 @@ class Limits:
                 raise InvalidLimitsError(
                     f"Limits.{field.name} must be a positive number, got {value!r}; "
                     "raise it or leave the default"
+                )
+            maximum = LIMIT_MAXIMA[field.name]
+            if value > maximum:
+                raise InvalidLimitsError(
+                    f"Limits.{field.name} must be at most {maximum}, got {value!r}"
                 )
 
     def replace(self, **changes: float) -> Limits:
@@ -160,8 +190,11 @@ class Sandbox(abc.ABC):
         """The wall-clock limit of one `execute`: its argument, else `Limits.wall_time_s`."""
         if timeout_s is None:
             return self.limits.wall_time_s
-        if not timeout_s > 0:
-            raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
+        if not 0 < timeout_s <= LIMIT_MAXIMA["wall_time_s"]:
+            raise ValueError(
+                f"timeout_s must be positive and at most {LIMIT_MAXIMA['wall_time_s']}, "
+                f"got {timeout_s!r}"
+            )
         return timeout_s
 
     def _check_open(self, operation: str) -> None:
@@ -184,7 +217,7 @@ class Sandbox(abc.ABC):
         self.close()
 
     def __del__(self) -> None:
-        # A forgotten sandbox must not keep mounts and cgroups alive; the start-up sweep is the
-        # backstop for processes that are SIGKILLed before they get here.
+        # A forgotten sandbox must not keep mounts and cgroups alive; for an owner SIGKILLed
+        # before it gets here, its supervisor (and the next start-up sweep) reclaim them.
         with contextlib.suppress(Exception):
             self.close()

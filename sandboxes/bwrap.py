@@ -10,7 +10,9 @@ Isolation, from the outside in:
   only writable place besides a size-limited /tmp; nothing of the host's home, /tmp or project;
 - a copy-on-write workspace: overlayfs with the pristine snapshot as lower layer and a size-limited
   tmpfs as upper layer. Reset drops the tmpfs (cost independent of the snapshot's size); the upper
-  layer *is* the diff.
+  layer *is* the diff;
+- a supervisor process per owner (`sandboxes.supervisor`) that tears down the owner's sandboxes
+  when it dies, SIGKILL included.
 """
 
 from __future__ import annotations
@@ -29,12 +31,18 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from sandboxes import host
+from sandboxes import host, supervisor
 from sandboxes.base import WORKSPACE_MOUNT, ExecResult, Limits, Sandbox, WorkspaceDiff
 from sandboxes.cgroups import SandboxCgroup
 from sandboxes.errors import SandboxError, SandboxSetupError, WorkspacePathError
 from sandboxes.output import CappedBuffer
-from sandboxes.snapshot import prepare_snapshot, same_entry
+from sandboxes.snapshot import (
+    SnapshotCache,
+    TreeBounds,
+    default_cache_budget_bytes,
+    prepare_snapshot,
+    same_entry,
+)
 
 SANDBOX_UID = 1000
 """The uid commands see inside (mapped to `host.SANDBOX_HOST_UID` outside)."""
@@ -42,8 +50,12 @@ SANDBOX_UID = 1000
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 # Runs as root for a millisecond: joins the cgroup (so every descendant is accounted and killable
-# from the first instruction), sets the CPU-time rlimit, then execs setpriv -> bwrap.
+# from the first instruction), sets the CPU-time rlimit, then execs setpriv -> bwrap. It starts
+# with an empty environment in `/`, and drops the PWD the shell itself sets: bwrap becomes PID 1
+# inside the sandbox, where its environment and command line are readable (/proc/1/environ,
+# /proc/1/cmdline), so neither may carry anything of the host.
 _LAUNCHER = (
+    "unset PWD OLDPWD; "
     'cpu=$1; shift; while [ "$1" != "--" ]; do echo $$ > "$1" || exit 125; shift; done; shift; '
     'ulimit -t "$cpu" || exit 125; exec "$@"'
 )
@@ -98,9 +110,11 @@ class BwrapSandbox(Sandbox):
         self._bwrap = host.check_host()
         self._layout = layout or host.host_layout()
         _sweep_once(self._layout.root)
+        supervisor.ensure_supervisor(self._layout)
         prepared = prepare_snapshot(
-            Path(snapshot), self._layout.snapshots, owner_uid=host.SANDBOX_HOST_UID
-        )
+            Path(snapshot), self._layout.snapshots, owner_uid=host.SANDBOX_HOST_UID,
+            bounds=TreeBounds.of(limits), cache_budget_bytes=default_cache_budget_bytes(),
+        )  # fmt: skip
         super().__init__(Path(snapshot), prepared.digest, limits)
         self._closed = True  # until fully built: a failed __init__ must not run _close twice
         self._lower = prepared.lower_dir
@@ -159,13 +173,18 @@ class BwrapSandbox(Sandbox):
         self._check_open("reset")
         assert self._cgroup is not None
         self._cgroup.kill_all()
+        # In use again: the cache must not take the lower layer while it is not mounted.
+        SnapshotCache(self._layout.snapshots).touch(self._lower.name)
         self._unmount_workspace()
         self._mount_workspace()
 
     # -- commands --------------------------------------------------------------------------------
 
     def _command_argv(self, command: str | Sequence[str], env: Mapping[str, str] | None,
-                      seccomp_fd: int, status_fd: int, cpu_time_s: int) -> list[str]:  # fmt: skip
+                      seccomp_fd: int, status_fd: int, args_fd: int,
+                      cpu_time_s: int) -> list[str]:  # fmt: skip
+        """The launcher's argv; bwrap's options (host paths among them) are written to
+        `args_fd` and read by bwrap from there (`--args`), so they are not on its command line."""
         assert self._cgroup is not None
         if isinstance(command, str):
             inner = ["/bin/sh", "-c", command]
@@ -207,13 +226,15 @@ class BwrapSandbox(Sandbox):
         ]  # fmt: skip
         for name, value in environment.items():
             bwrap += ["--setenv", name, value]
-        bwrap += ["--seccomp", str(seccomp_fd), "--json-status-fd", str(status_fd),
-                  "--", *inner]  # fmt: skip
+        bwrap += ["--seccomp", str(seccomp_fd), "--json-status-fd", str(status_fd)]
+        options = b"".join(os.fsencode(option) + b"\0" for option in bwrap[1:])
+        os.write(args_fd, options)
+        os.lseek(args_fd, 0, os.SEEK_SET)
         uid = str(host.SANDBOX_HOST_UID)
-        setpriv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+        setpriv = [host.setpriv_path(), f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
         procs = [str(p) for p in self._cgroup.procs_files]
         return ["/bin/sh", "-c", _LAUNCHER, "launcher", str(cpu_time_s), *procs, "--",
-                *setpriv, *bwrap]  # fmt: skip
+                *setpriv, bwrap[0], "--args", str(args_fd), "--", *inner]  # fmt: skip
 
     def execute(
         self,
@@ -229,8 +250,11 @@ class BwrapSandbox(Sandbox):
         cpu_time_s = max(1, int(-(-self.limits.cpu_time_s // 1)))
         seccomp_fd = host.seccomp_fd()
         status_read, status_write = os.pipe()
+        # A memfd, not a pipe: the options can outgrow a pipe's buffer, and nothing reads them
+        # before bwrap starts.
+        args_fd = os.memfd_create("bwrap-args")
         try:
-            argv = self._command_argv(command, env, seccomp_fd, status_write, cpu_time_s)
+            argv = self._command_argv(command, env, seccomp_fd, status_write, args_fd, cpu_time_s)
             with contextlib.ExitStack() as stack:
                 stdin_file: int = subprocess.DEVNULL
                 if stdin is not None:
@@ -248,7 +272,7 @@ class BwrapSandbox(Sandbox):
                 try:
                     process = subprocess.Popen(
                         argv, stdin=stdin_file, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, pass_fds=(seccomp_fd, status_write),
+                        env={}, cwd="/", pass_fds=(seccomp_fd, status_write, args_fd),
                         start_new_session=True,
                     )  # fmt: skip
                 except OSError as error:
@@ -257,6 +281,7 @@ class BwrapSandbox(Sandbox):
         finally:
             os.close(seccomp_fd)
             os.close(status_write)
+            os.close(args_fd)
         stdout, stderr, timed_out = self._collect(process, timeout_s, started)
         child_started = _read_child_started(status_read)
         duration_s = time.monotonic() - started

@@ -39,7 +39,7 @@ from sandboxes.errors import (
     WorkspacePathError,
 )
 from sandboxes.output import CappedBuffer
-from sandboxes.snapshot import DIGEST_PREFIX, prepare_snapshot
+from sandboxes.snapshot import DIGEST_PREFIX, TreeBounds, prepare_snapshot
 
 BASE_IMAGE_ENV = "ROLLYARD_DOCKER_BASE_IMAGE"
 DEFAULT_BASE_IMAGE = "rollyard/base:bookworm-py3"
@@ -288,7 +288,10 @@ class DockerSandbox(Sandbox):
         self._client = client or _shared_client()
         _swept()
         prepared = prepare_snapshot(
-            Path(snapshot), host.host_layout().root / "docker-snapshots", owner_uid=SANDBOX_UID
+            Path(snapshot),
+            host.host_layout().docker_snapshots,
+            owner_uid=SANDBOX_UID,
+            bounds=TreeBounds.of(limits),
         )
         super().__init__(Path(snapshot), prepared.digest, limits)
         self._closed = True  # until fully built

@@ -58,9 +58,14 @@ class HostLayout:
     def live(self) -> Path:
         return self.root / "live"
 
+    @property
+    def docker_snapshots(self) -> Path:
+        return self.root / "docker-snapshots"
+
 
 def host_layout() -> HostLayout:
-    return HostLayout(Path(os.environ.get(ROOT_ENV) or DEFAULT_ROOT))
+    # Absolute: mount tables and the snapshot cache compare paths by their text.
+    return HostLayout(Path(os.environ.get(ROOT_ENV) or DEFAULT_ROOT).absolute())
 
 
 # -- capability check -------------------------------------------------------------------------------
@@ -111,11 +116,22 @@ def check_host() -> str:
     return bwrap
 
 
+@functools.cache
+def setpriv_path() -> str:
+    """Absolute path of setpriv: the launcher runs with an empty environment, so no PATH."""
+    path = shutil.which("setpriv")
+    if path is None:
+        raise SandboxUnavailableError("setpriv is not installed: apt-get install util-linux")
+    return path
+
+
 def _check_userns_works(bwrap: str) -> None:
+    # Binds /usr alone, not /: a recursive bind of the host root races with the mounts other
+    # sandboxes make and drop, and failed whenever one went away during the probe.
     probe = subprocess.run(
         ["setpriv", f"--reuid={SANDBOX_HOST_UID}", f"--regid={SANDBOX_HOST_UID}",
-         "--clear-groups", bwrap, "--unshare-all", "--unshare-user", "--ro-bind", "/", "/",
-         "true"],
+         "--clear-groups", bwrap, "--unshare-all", "--unshare-user", "--ro-bind", "/usr", "/usr",
+         "--ro-bind-try", "/lib", "/lib", "--ro-bind-try", "/lib64", "/lib64", "/usr/bin/true"],
         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, check=False,
     )  # fmt: skip
     if probe.returncode != 0:
@@ -206,12 +222,17 @@ def mounts_under(directory: Path) -> list[Path]:
 # -- owners and the orphan sweep ------------------------------------------------------------------------
 
 
-def process_start_time(pid: int) -> str | None:
+def _stat_fields(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name (field 3, the state, comes first)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return None
-    return fields[19]  # field 22 of stat, counted after the command name
+
+
+def process_start_time(pid: int) -> str | None:
+    fields = _stat_fields(pid)
+    return None if fields is None else fields[19]  # field 22 of stat
 
 
 def owner_token() -> str:
@@ -223,31 +244,54 @@ def owner_token() -> str:
 
 def owner_alive(token: str) -> bool:
     pid_text, _, start = token.partition(".")
-    return pid_text.isdigit() and process_start_time(int(pid_text)) == start
+    if not pid_text.isdigit():
+        return False
+    fields = _stat_fields(int(pid_text))
+    # A zombie is dead: a SIGKILLed owner stays one until its parent reaps it.
+    return fields is not None and fields[0] not in ("Z", "X") and fields[19] == start
 
 
-def sweep_orphans(layout: HostLayout) -> list[str]:
-    """Reclaim every sandbox whose owning process is gone: kill its processes, unmount its
-    layers, remove its cgroup and runtime directory. Returns the ids reclaimed."""
+STAGING_PREFIX = ".staging-"
+"""Snapshot copies in progress are `<snapshot store>/.staging-<owner token>-<random>`."""
+
+
+def staging_prefix() -> str:
+    return f"{STAGING_PREFIX}{owner_token()}-"
+
+
+def sweep_orphans(layout: HostLayout, *, owner: str | None = None) -> list[str]:
+    """Reclaim every sandbox whose owning process is gone (only those of `owner`, when given):
+    kill its processes, unmount its layers, remove its cgroup and runtime directory, and the
+    snapshot copies it left half-made. Returns the sandbox ids reclaimed."""
+
+    def reclaimable(sandbox_or_staging_owner: str) -> bool:
+        if owner is not None and sandbox_or_staging_owner != owner:
+            return False
+        return not owner_alive(sandbox_or_staging_owner)
+
     reclaimed: list[str] = []
     live_ids: set[str] = set()
     if layout.live.is_dir():
         for entry in layout.live.iterdir():
             sandbox_id = entry.name
-            owner = sandbox_id.rsplit("-", 1)[0]
-            if owner_alive(owner):
+            if not reclaimable(sandbox_id.rsplit("-", 1)[0]):
                 live_ids.add(sandbox_id)
                 continue
             release_runtime_dir(entry)
             reclaimed.append(sandbox_id)
     for sandbox_id, dirs, version in cgroups.stale_groups(live_ids):
-        owner = sandbox_id.rsplit("-", 1)[0]
-        if owner_alive(owner):
-            continue  # its runtime dir is being created right now
+        # an owner still alive may be creating its runtime dir right now
+        if not reclaimable(sandbox_id.rsplit("-", 1)[0]):
+            continue
         with contextlib.suppress(OSError, SandboxSetupError):
             cgroups.remove_group_dirs(dirs, version)
         if sandbox_id not in reclaimed:
             reclaimed.append(sandbox_id)
+    for store in (layout.snapshots, layout.docker_snapshots):
+        for staging in store.glob(f"{STAGING_PREFIX}*") if store.is_dir() else ():
+            staging_owner = staging.name.removeprefix(STAGING_PREFIX).rsplit("-", 1)[0]
+            if reclaimable(staging_owner):
+                shutil.rmtree(staging, ignore_errors=True)
     return reclaimed
 
 

@@ -1,4 +1,5 @@
-"""DuckDB views over the store's tables and the named queries users run daily.
+"""DuckDB views over the store's tables, the named queries users run daily, and the read-only
+connection every user-facing query runs on.
 
 Views derived here (on top of one view per table, see `TrajectoryStore.connect`):
 
@@ -11,7 +12,18 @@ Views derived here (on top of one view per table, see `TrajectoryStore.connect`)
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+from storage.errors import QueryError
+
+if TYPE_CHECKING:
+    import duckdb
 
 DERIVED_VIEWS: dict[str, str] = {
     "gate_verdicts": """
@@ -216,6 +228,43 @@ REVIEW_AGREEMENT_SQL = """
 _QUERIES = (
     *_QUERIES,
     NamedQuery(
+        "policies",
+        "Per run and iteration: what acted (policy kind, model, version, sampling as JSON) and "
+        "its episodes, mean reward and pass rate.",
+        """
+        SELECT run_id, iteration, policy_kind, policy_model, policy_version, sampling,
+               count(*) AS episodes,
+               avg(reward) AS mean_reward,
+               avg(CASE WHEN passed THEN 1.0 ELSE 0.0 END) AS pass_rate
+        FROM episodes
+        GROUP BY ALL
+        ORDER BY run_id, iteration, policy_version
+        """,
+    ),
+    NamedQuery(
+        "pass_at_k",
+        "Per evaluation run: pass@k over all tasks, per family and per task (`rollyard "
+        "evaluate`), with what acted.",
+        """
+        WITH acted AS (
+            SELECT run_id, string_agg(DISTINCT policy_kind || ':' || policy_version, ', ')
+                       AS policy,
+                   any_value(policy_model) AS policy_model
+            FROM episodes GROUP BY run_id
+        ), parts AS (
+            SELECT run_id, iteration, value, string_split(name, '/') AS part FROM metrics
+            WHERE source = 'pass_at_k'
+        )
+        SELECT p.run_id, a.policy, a.policy_model,
+               CAST(substr(p.part[1], 6) AS INTEGER) AS k,
+               coalesce(p.part[2], 'all') AS scope,
+               coalesce(array_to_string(p.part[3:], '/'), '') AS key,
+               p.value AS pass_at_k
+        FROM parts p LEFT JOIN acted a USING (run_id)
+        ORDER BY p.run_id, CASE scope WHEN 'all' THEN 0 WHEN 'family' THEN 1 ELSE 2 END, key, k
+        """,
+    ),
+    NamedQuery(
         "review_agreement",
         "Per family, verifier and day: human spot checks and the share agreeing with the reward.",
         REVIEW_AGREEMENT_SQL,
@@ -223,3 +272,173 @@ _QUERIES = (
 )
 
 NAMED_QUERIES: dict[str, NamedQuery] = {query.name: query for query in _QUERIES}
+
+
+# -- the read-only connection ---------------------------------------------------------------------
+#
+# What a user's SQL may do is decided twice, so that neither check alone is the boundary:
+# - DuckDB's own configuration, locked before any user SQL runs: no external access except the
+#   table directories its views read (and the export directory, when one is given), no extension
+#   install or load, no spilling to a temp directory;
+# - the statements themselves: only SELECT (and EXPLAIN of one) runs; COPY only with an export
+#   directory. This is what stops writes DuckDB's file allowlist would let through (it does not
+#   tell reads from writes: a COPY may overwrite a file it may read), and writes to the in-memory
+#   catalog (CREATE, INSERT, SET, ATTACH, ...).
+
+_EXPLAIN = re.compile(r"\s*EXPLAIN\s+(?:ANALYZE\s+)?(?P<explained>.*)", re.IGNORECASE | re.DOTALL)
+_QUOTED_PATH = re.compile(r'"([^"]*)"')
+_EXPORT_HINT = "to export results, add --allow-writes-to DIR and COPY (SELECT ...) TO 'DIR/FILE'"
+
+
+def open_connection() -> duckdb.DuckDBPyConnection:
+    """A new in-memory DuckDB connection that installs and loads no extension by itself and never
+    spills to disk; register views on it, then `restrict` it before any user SQL runs."""
+    import duckdb
+
+    return duckdb.connect(
+        config={
+            "autoinstall_known_extensions": False,
+            "autoload_known_extensions": False,
+            "allow_community_extensions": False,
+            "temp_directory": "",
+        }
+    )
+
+
+def export_directory(directory: str | os.PathLike[str], store_root: str) -> str:
+    """`directory` as the absolute path DuckDB may write under, after checking it is an existing
+    directory apart from the store (a COPY into the store could overwrite its data files)."""
+    path = Path(directory).absolute()
+    if not path.is_dir():
+        raise QueryError(
+            f"--allow-writes-to {directory}: not an existing directory; create it first"
+        )
+    resolved = Path(os.path.realpath(path))
+    if "://" not in store_root:
+        store = Path(os.path.realpath(store_root))
+        if resolved == store or store in resolved.parents or resolved in store.parents:
+            raise QueryError(
+                f"--allow-writes-to {directory}: overlaps the store {store_root}; give a "
+                "directory outside it"
+            )
+    return str(resolved)
+
+
+def restrict(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    read_directories: Sequence[str] = (),
+    write_directory: str | None = None,
+) -> StoreConnection:
+    """Lock `con` down and wrap it: DuckDB reaches only `read_directories` (the table directories
+    its views read natively) and `write_directory`, and its configuration is frozen.
+
+    A connection that may write reads no store file itself (its views must be Arrow datasets):
+    DuckDB's allowlist does not tell reads from writes, so a store directory on it would be
+    writable too.
+    """
+    if write_directory is not None and read_directories:
+        raise ValueError("a connection that may write must read the store through Arrow datasets")
+    allowed = [os.path.join(d, "") for d in (*read_directories, *filter(None, [write_directory]))]
+    try:
+        # Order matters: the allowlist cannot change once external access is off.
+        con.execute("SET allowed_directories = ?", [allowed])
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+    except BaseException:
+        con.close()
+        raise
+    return StoreConnection(con, write_directory=write_directory)
+
+
+def check_statements(sql: str, *, write_directory: str | None = None) -> None:
+    """Raise `QueryError` unless every statement of `sql` only reads (SELECT, EXPLAIN of a
+    SELECT), or is a COPY while an export directory is given."""
+    import duckdb
+
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error:
+        return  # not parseable: executing it reports the syntax error, and runs nothing
+    for statement in statements:
+        kind = statement.type.name
+        if kind == "LOAD":  # DuckDB files INSTALL under LOAD; name what the user wrote
+            kind = " ".join(statement.query.split()[:1]).upper() or kind
+        if kind == "SELECT" or (kind == "COPY" and write_directory is not None):
+            continue
+        if kind == "EXPLAIN" and _explains_only_selects(statement.query):
+            continue
+        if write_directory is None:
+            raise QueryError(
+                f"refused: {kind} statement; store queries are read-only (SELECT, or EXPLAIN "
+                f"of one); {_EXPORT_HINT}"
+            )
+        raise QueryError(
+            f"refused: {kind} statement; store queries may only read, and COPY ... TO files "
+            f"under {write_directory}"
+        )
+
+
+def _explains_only_selects(text: str) -> bool:
+    import duckdb
+
+    match = _EXPLAIN.fullmatch(text)
+    if match is None:
+        return False
+    try:
+        explained = duckdb.extract_statements(match["explained"])
+    except duckdb.Error:
+        return False
+    return bool(explained) and all(s.type.name == "SELECT" for s in explained)
+
+
+def refusal(error: duckdb.PermissionException, write_directory: str | None = None) -> QueryError:
+    """One line for a file DuckDB was not allowed to touch."""
+    found = _QUOTED_PATH.search(str(error))
+    what = f"touches {found.group(1)!r}" if found else "reaches"
+    where = (
+        f"read only the store's tables and write only under {write_directory}"
+        if write_directory
+        else f"read only the store's tables; {_EXPORT_HINT}"
+    )
+    return QueryError(f"refused: the query {what} outside the store; store queries {where}")
+
+
+class StoreConnection:
+    """A locked-down DuckDB connection over one snapshot of the store (`TrajectoryStore.connect`).
+
+    `sql` runs reading SQL only (see `check_statements`) and returns a DuckDB relation. This guards SQL text; it is not a Python sandbox: relation methods such as
+    `to_parquet` still meet DuckDB's locked file allowlist, and nothing stops Python code from
+    opening files itself.
+    """
+
+    def __init__(
+        self, con: duckdb.DuckDBPyConnection, *, write_directory: str | None = None
+    ) -> None:
+        self._con = con
+        self.write_directory = write_directory
+
+    def sql(self, query: str, params: Sequence[Any] | None = None) -> duckdb.DuckDBPyRelation:
+        """Run `query` (with `?` parameters) and return its relation (typed as DuckDB types it,
+        although a COPY returns None)."""
+        import duckdb
+
+        check_statements(query, write_directory=self.write_directory)
+        try:
+            return self._con.sql(query, params=list(params) if params else None)
+        except duckdb.PermissionException as error:
+            raise refusal(error, self.write_directory) from None
+
+    def close(self) -> None:
+        self._con.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

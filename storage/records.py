@@ -74,6 +74,9 @@ class EpisodeRecord:
     policy_kind: str | None = None
     policy_model: str | None = None
     sampling: str | None = None
+    task_family: str | None = None
+    instruction: str | None = None
+    fixed_fraction: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,12 +11,13 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from rollyard.status import ALL_STATUSES
-
 # v2: episodes record what acted (policy_kind, policy_model, sampling); steps record a language
 # model's turns token in / token out (turn, tool_call_id, prompt_token_ids, finish_reason,
-# reply_message). A v1 table lacks these columns and is refused on open (see `_check_schema`).
-SCHEMA_VERSION = 2
+# reply_message). v3: episodes keep the task's instruction, its family and the share of its
+# failing tests fixed, so an export or a trainer rebuilds a whole conversation and its training
+# signal from the store alone. An older table lacks columns and is refused on open (see
+# `_check_schema`): write a new store.
+SCHEMA_VERSION = 3
 
 # Observations can be megabytes (a `cat` of a log); the store keeps the head and the original length
 # so queries stay fast and the cut is visible.
@@ -62,6 +63,10 @@ EPISODES = TableSpec(
             _f("commit_id", pa.string(), False),
             _f("task_id", pa.string(), False),
             _f("task_version", pa.string(), False),
+            # The task's family (demo, data_analysis, ...) and its instruction as the policy read
+            # it (the conversation's first user message).
+            _f("task_family", pa.string()),
+            _f("instruction", pa.string()),
             # GRPO groups several samples of one task; group_index says which group, sample_index
             # which member, attempt how many times the sample was re-run after an infra error.
             _f("group_index", pa.int32(), False),
@@ -81,6 +86,9 @@ EPISODES = TableSpec(
             # Null reward means "no verdict" (infra failure), never a silent 0.
             _f("reward", pa.float64()),
             _f("partial_credit", pa.float64()),
+            # Share of the task's fail-to-pass tests passing after the episode (the trainer's
+            # signal adds it to the reward).
+            _f("fixed_fraction", pa.float64()),
             _f("passed", pa.bool_()),
             # A `rollyard.status.EpisodeStatus`: a trainable one (ok, timeout: the policy's
             # doing) carries a reward, an infrastructure one carries none.

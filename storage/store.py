@@ -36,8 +36,9 @@ from storage.tables.reviews import ReviewsTable
 from storage.tables.tasks import TasksTable
 
 if TYPE_CHECKING:
-    import duckdb
     import pyarrow as pa
+
+    from storage.queries import StoreConnection
 
 DEFAULT_ROOT = ".rollyard"
 
@@ -184,14 +185,20 @@ class TrajectoryStore:
         """Committed steps, optionally of some episodes, ordered by (episode_id, step)."""
         return self.reader.read_steps(run_id, iteration, episode_ids=episode_ids, columns=columns)
 
-    def connect(self) -> duckdb.DuckDBPyConnection:
-        """A new in-memory DuckDB connection with a view per table and the derived views, all of
-        one snapshot taken now. Close it when done (it is a context manager)."""
-        return self.reader.connect()
+    def connect(self, *, allow_writes_to: str | os.PathLike[str] | None = None) -> StoreConnection:
+        """A new read-only DuckDB connection with a view per table and the derived views, all of
+        one snapshot taken now (`SnapshotReader.connect`). Close it when done."""
+        return self.reader.connect(allow_writes_to=allow_writes_to)
 
-    def query(self, sql: str, parameters: Sequence[Any] | None = None) -> pa.Table:
-        """Run SQL over the store's views; returns an Arrow table (empty for statements)."""
-        return self.reader.query(sql, parameters)
+    def query(
+        self,
+        sql: str,
+        parameters: Sequence[Any] | None = None,
+        *,
+        allow_writes_to: str | os.PathLike[str] | None = None,
+    ) -> pa.Table:
+        """Run reading SQL over the store's views; returns an Arrow table (see `connect`)."""
+        return self.reader.query(sql, parameters, allow_writes_to=allow_writes_to)
 
     def named(self, name: str) -> pa.Table:
         """Run one of `storage.queries.NAMED_QUERIES` by name."""

@@ -35,3 +35,29 @@ def private_sandbox_root() -> Iterator[Path]:
     # Anything still here was leaked by a test of this process: unmount it, then delete the
     # directory (release_runtime_dir never deletes through a mount).
     release_runtime_dir(root)
+
+
+# One Prefect API server and one Dask cluster shared by the session, for every test of a flow
+# (Prefect's ephemeral mode breaks under the Dask task runner).
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from flows.runtime import prefect_api
+
+    # prefect_api uses a configured PREFECT_API_URL as is; else it starts a local server.
+    with prefect_api(tmp_path_factory.mktemp("prefect-home")) as api_url:
+        os.environ["PREFECT_API_URL"] = api_url
+        yield api_url
+
+
+@pytest.fixture(scope="session")
+def dask_address(prefect_server: str) -> Iterator[str]:
+    """One LocalCluster for the session: worker processes pay their start-up and imports once.
+    Created after the Prefect server so spawned workers inherit its URL."""
+    from distributed import LocalCluster
+
+    from flows.runtime import local_cluster_kwargs
+
+    with LocalCluster(**local_cluster_kwargs(2)) as cluster:
+        yield str(cluster.scheduler_address)

@@ -3,10 +3,11 @@
 The loop: `actions` (what an agent does and sees) · `policy` (the interface) · `episode` (one
 episode in a sandbox, then the verifier) · `trajectory` · `recovery` (retries of infra failures,
 fault injection) · `rollout` (shards of episodes on workers) · `iteration` (commit, gate, update,
-checkpoint) · `local` (the iteration in one process) · `grpo` · `evaluation` · `audit` ·
-`gym_env` · `export`. Its policies: `builtin/` (the CPU policy: a small network scoring the
-candidates its proposers offer) and `chat_policy` (an OpenAI-compatible server). Statuses and
-the error root come from `rollyard`.
+checkpoint) · `local` (the iteration in one process) · `grpo` · `evaluation` (checkpoints,
+pass@k) · `audit` · `gym_env` · `stored` (trajectories read back from the store) · `export`.
+Its policies: `builtin/` (the CPU policy: a small network scoring the candidates its proposers
+offer) and `lm/` (language models: `openai:` servers and `hf:` directories, chosen by one
+policy spec, `training.lm.spec`). Statuses and the error root come from `rollyard`.
 
 from training import CandidateScorerPolicy, EpisodeKey, GRPOTrainer, run_episode
 policy = CandidateScorerPolicy()

@@ -248,7 +248,6 @@ def _try_edit(
     return Observation(f"{run.text}\n{verdict}", result.exit_code, run.truncated), timed_out
 
 
-
 @dataclasses.dataclass(slots=True)
 class _Acting:
     """What the acting part of an episode came to, filled in as it goes."""
@@ -445,4 +444,5 @@ def run_episode(
         verify_s=verify_s,
         started_at_s=started_at_s,
         policy=identity,
+        task_family=task.family,
     )

@@ -37,16 +37,17 @@ class PolicyError(TrainingError):
 class PolicyServerError(PolicyError):
     """An OpenAI-compatible endpoint rejected a request (HTTP 4xx) or answered with a body that
     is not a chat completion: retrying the same request would not help. Exit 2: the spec or the
-    server's settings need fixing (a wrong URL, a key, vLLM's tool-calling flags)."""
+    server's settings need fixing (a wrong URL, a key, vLLM's tool-calling flags); exit 3 when
+    the answer was a 5xx (the server failed, not the request)."""
 
     exit_code = EXIT_USAGE
-
-    exit_code = EXIT_UNAVAILABLE
 
     def __init__(self, message: str, status_code: int | None = None) -> None:
         super().__init__(message, status_code)
         self.message = message
         self.status_code = status_code
+        if status_code is not None and status_code >= 500:
+            self.exit_code = EXIT_UNAVAILABLE
 
     def __str__(self) -> str:
         return self.message
@@ -119,3 +120,15 @@ class ContextLengthError(LanguageModelError, ValueError):
 
     def __str__(self) -> str:
         return self.message
+
+
+class ServerRequestError(LanguageModelError):
+    """A request the small-scale server refuses: answered with `status` and an OpenAI-style error
+    body naming `param` (the server's handler turns it into the response; it never reaches a
+    user as an exception)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(status, message, param)
+        self.status = status
+        self.message = message
+        self.param = param

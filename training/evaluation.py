@@ -6,15 +6,22 @@ checkpoint, so a scheduled evaluation can run as often as it likes:
 
     for checkpoint in checkpoints_to_evaluate(store, run_id="run-0", latest=1):
         result = evaluate_checkpoint(store, checkpoint, held_out_task_dirs, samples_per_task=2)
+
+A policy of any kind is evaluated by rolling it out as a run of its own (the `evaluate_policy`
+flow): its episodes are committed and gated like a training iteration's, and pass@k per task,
+per family and overall is computed from the store and recorded (`pass_at_k_from_store`,
+`record_pass_at_k`, source `pass_at_k`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from rollyard.status import is_trainable
 from sandboxes import Limits, SandboxPool
 from storage import CheckpointInfo, StoreError, TrajectoryStore
 from tasks_lib.format.loader import load_task
@@ -147,3 +154,108 @@ def evaluate_checkpoint(
         checkpoint.run_id, checkpoint.iteration, result.metrics(), source=EVALUATION_SOURCE
     )
     return dataclasses.replace(result, recorded=recorded)
+
+
+# -- pass@k of a policy on a set of tasks ---------------------------------------------------------
+
+PASS_AT_K_SOURCE = "pass_at_k"
+"""The `metrics.source` of a policy evaluation's pass@k rows (`record_pass_at_k`)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PassAtK:
+    """pass@k over one scope of an evaluation: every task, one family, or one task."""
+
+    scope: str
+    """`all`, `family` or `task`."""
+    key: str
+    """The family or task id (empty for `all`)."""
+    k: int
+    value: float | None
+    """The mean over the scope's tasks of the unbiased pass@k estimate; None when no task of
+    the scope has k scored samples."""
+    tasks: int
+    """Tasks of the scope with at least k scored samples (the mean's terms)."""
+    episodes: int
+    """Committed episodes of the scope, scored or not."""
+    infra_errors: int
+    """Episodes without a verdict: left out of n, never counted as failures."""
+
+    @property
+    def metric_name(self) -> str:
+        """The name in the `metrics` table: `pass@k`, `pass@k/family/F` or `pass@k/task/T`."""
+        return f"pass@{self.k}" if self.scope == "all" else f"pass@{self.k}/{self.scope}/{self.key}"
+
+
+def pass_at_k(samples: int, passed: int, k: int) -> float:
+    """The unbiased estimate of pass@k from `samples` scored samples of which `passed` passed:
+    1 - C(n-c, k) / C(n, k), the chance that at least one of k samples drawn without
+    replacement passes (Chen et al., 2021)."""
+    if not 0 <= passed <= samples or not 1 <= k <= samples:
+        raise TrainingSettingsError(
+            f"pass@k needs 0 <= passed <= samples and 1 <= k <= samples; got "
+            f"samples={samples}, passed={passed}, k={k}"
+        )
+    if samples - passed < k:
+        return 1.0
+    return 1.0 - math.comb(samples - passed, k) / math.comb(samples, k)
+
+
+def default_ks(samples: int) -> tuple[int, ...]:
+    """The k reported for `samples` samples per task: 1, the powers of two below, and all."""
+    ks = {1, samples}
+    power = 2
+    while power < samples:
+        ks.add(power)
+        power *= 2
+    return tuple(sorted(ks))
+
+
+def pass_at_k_from_store(
+    store: TrajectoryStore, run_id: str, iteration: int = 0, *, ks: Sequence[int]
+) -> list[PassAtK]:
+    """pass@k for every k of `ks` over all tasks, per family and per task, from the committed
+    episodes of (run_id, iteration) in the store (quarantined ones too: an evaluation reports
+    what the policy did; the gate's verdict is reported beside it)."""
+    table = store.read_episodes(
+        run_id,
+        iteration,
+        include_quarantined=True,
+        columns=["task_id", "task_family", "status", "passed"],
+    )
+    per_task: dict[str, list[int]] = {}  # task -> [episodes, scored, passed]
+    family_of: dict[str, str] = {}
+    for row in table.to_pylist():
+        counts = per_task.setdefault(row["task_id"], [0, 0, 0])
+        counts[0] += 1
+        family_of[row["task_id"]] = row["task_family"] or "unknown"
+        if is_trainable(row["status"]):
+            counts[1] += 1
+            counts[2] += bool(row["passed"])
+    scopes: dict[tuple[str, str], list[str]] = {("all", ""): sorted(per_task)}
+    for task_id in sorted(per_task):
+        scopes.setdefault(("family", family_of[task_id]), []).append(task_id)
+        scopes[("task", task_id)] = [task_id]
+    results = []
+    for (scope, key), task_ids in scopes.items():
+        episodes = sum(per_task[t][0] for t in task_ids)
+        infra_errors = episodes - sum(per_task[t][1] for t in task_ids)
+        for k in ks:
+            estimates = [
+                pass_at_k(per_task[t][1], per_task[t][2], k)
+                for t in task_ids
+                if per_task[t][1] >= k
+            ]
+            value = sum(estimates) / len(estimates) if estimates else None
+            results.append(PassAtK(scope, key, k, value, len(estimates), episodes, infra_errors))
+    return results
+
+
+def record_pass_at_k(
+    store: TrajectoryStore, run_id: str, iteration: int, results: Sequence[PassAtK]
+) -> bool:
+    """Write the results to the `metrics` table (source `pass_at_k`), once: a replay writes
+    nothing and returns False. Read them back with the named query `pass_at_k`."""
+    return store.metrics.record(
+        run_id, iteration, {r.metric_name: r.value for r in results}, source=PASS_AT_K_SOURCE
+    )

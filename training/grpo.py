@@ -342,7 +342,7 @@ class GRPOTrainer:
                         f"episode {trajectory.episode_id} step {step.index} has no candidate-scorer "
                         f"record (policy {trajectory.policy_version}); the GRPO trainer learns "
                         "only from trajectories of the built-in policy — export others with "
-                        "training.export_batch"
+                        "`rollyard export` (training.export)"
                     )
                 samples.append(
                     _Sample(step.record, step.logprob, step_advantage, trajectory.episode_id)

@@ -19,6 +19,7 @@ from tasks_lib.format.finder import tasks_in
 from training.builtin.scorer_policy import CandidateScorerPolicy
 from training.errors import TrainingSettingsError
 from training.grpo import GRPOConfig, GRPOTrainer, UpdateMetrics, load_checkpoint, save_checkpoint
+from training.lm.spec import PolicySpec, check_policy_spec, parse_policy_spec
 from training.trajectory import Trajectory
 
 ITERATION_DONE_SOURCE = "train_flow"
@@ -67,10 +68,39 @@ def completed_iterations(store: TrajectoryStore, run_id: str) -> list[int]:
     return [int(row["iteration"]) for row in rows]
 
 
+def check_trainer_for(spec: PolicySpec) -> None:
+    """Raise `TrainingSettingsError` (exit 2) unless a trainer here can update the policy `spec`
+    names. The GRPO trainer of `training.grpo` updates the built-in policy; a language-model
+    policy needs a token-level trainer, which `restore_trainer` would choose here from the spec.
+    """
+    if spec.kind != "builtin":
+        raise TrainingSettingsError(
+            f"training policy {spec} needs the language-model trainer, which this version does "
+            f"not have; only --policy builtin trains (roll the model out with `rollyard evaluate "
+            f"--policy {spec}`)"
+        )
+
+
+def check_training_policy(policy: str | PolicySpec) -> PolicySpec:
+    """Before a run starts, and before anything is written: the spec parses (exit 2), a trainer
+    can update it (exit 2), and the policy can act (`check_policy_spec`: a server that does not
+    answer exits 3, one that does not serve the model or call tools exits 2)."""
+    spec = parse_policy_spec(policy) if isinstance(policy, str) else policy
+    check_trainer_for(spec)
+    check_policy_spec(spec)
+    return spec
+
+
 def restore_trainer(
-    store: TrajectoryStore, run_id: str, *, seed: int, resume: bool
+    store: TrajectoryStore,
+    run_id: str,
+    *,
+    seed: int,
+    resume: bool,
+    policy: str | PolicySpec = "builtin",
 ) -> tuple[GRPOTrainer, int]:
-    """The trainer to continue with and the first iteration still to run."""
+    """The trainer for `policy` to continue with and the first iteration still to run."""
+    check_trainer_for(parse_policy_spec(policy) if isinstance(policy, str) else policy)
     done = completed_iterations(store, run_id)
     if done and not resume:
         raise TrainingSettingsError(

@@ -22,11 +22,11 @@ from pathlib import Path
 from sandboxes import Limits, SandboxPool
 from storage import TrajectoryStore
 from storage.gates import GateSettings, gate_iteration
-from training.builtin.scorer_policy import CandidateScorerPolicy
 from training.episode import EpisodeConfig
 from training.errors import TrainingSettingsError
 from training.iteration import (
     IterationSummary,
+    check_training_policy,
     finish_iteration,
     restore_trainer,
     task_dirs_in,
@@ -83,6 +83,7 @@ def train_locally(
     store: str | Path | TrajectoryStore,
     *,
     run_id: str = "local-0",
+    policy: str = "builtin",
     iterations: int = 3,
     tasks_per_iteration: int = 4,
     group_size: int = 4,
@@ -92,16 +93,19 @@ def train_locally(
     gate_settings: GateSettings | None = None,
     on_iteration: Callable[[IterationSummary], None] | None = None,
 ) -> list[IterationSummary]:
-    """Train the built-in policy with GRPO for `iterations` iterations, in this process.
+    """Train the policy `policy` names (a spec, `training.lm.spec`) with GRPO for `iterations`
+    iterations, in this process. The spec, a trainer for it and its server are checked first
+    (`check_training_policy`), before anything is written.
 
     Gate thresholds come from `ROLLYARD_GATE_*` unless `gate_settings` is given; a quarantined
     iteration is recorded and skipped by the trainer, as in the flow. `on_iteration` is called
     after each iteration (progress in a notebook)."""
     if iterations < 1:
         raise TrainingSettingsError(f"iterations must be >= 1, got {iterations}")
+    spec = check_training_policy(policy)
     store = store if isinstance(store, TrajectoryStore) else TrajectoryStore(store)
     task_dirs = task_dirs_in(tasks_dir)
-    trainer, first = restore_trainer(store, run_id, seed=seed, resume=resume)
+    trainer, first = restore_trainer(store, run_id, seed=seed, resume=resume, policy=spec)
     gate_settings = gate_settings or GateSettings.from_env()
     done: list[IterationSummary] = []
     with SandboxPool(limits=Limits(), max_idle_per_snapshot=1) as pool:

@@ -27,7 +27,6 @@ from sandboxes import Limits, SandboxPool
 from storage import CommitResult, StoreError, TrajectoryStore
 from tasks_lib.format.loader import load_task
 from tasks_lib.format.model import Task
-from training.builtin.scorer_policy import CandidateScorerPolicy
 from training.episode import EpisodeConfig
 from training.errors import TrainerError, TrainingSettingsError
 from training.policy import Policy

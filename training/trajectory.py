@@ -122,6 +122,7 @@ class Trajectory:
     """Unix time the episode started."""
     policy: PolicyIdentity | None = None
     """What acted (kind, model, sampling); `policy_version` repeats its version."""
+    task_family: str | None = None
 
     def __post_init__(self) -> None:
         # The no-reward rule, where every trajectory is made: an infrastructure failure that
@@ -192,6 +193,9 @@ class Trajectory:
             policy_kind=self.policy.kind if self.policy else None,
             policy_model=self.policy.model if self.policy else None,
             sampling=self.policy.sampling if self.policy else None,
+            task_family=self.task_family,
+            instruction=self.instruction,
+            fixed_fraction=self.fixed_fraction,
         )
 
     def to_step_records(self) -> list[StepRecord]:

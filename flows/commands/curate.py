@@ -1,6 +1,7 @@
 """`rollyard curate TASK_DIR... --store DIR`: admit or reject tasks (validity, flakiness,
 duplicates, contamination, difficulty) through the `curate` flow; prints a table, or with
-`--format json` one JSON object per task."""
+`--format json` one JSON object per task. `--explain TASK_ID` prints why one task was admitted
+or rejected (rule, other task, evidence), from the store's latest verdict."""
 
 from __future__ import annotations
 
@@ -12,22 +13,29 @@ from flows.cli import non_negative_int
 from flows.errors import CliError
 from rollyard.errors import EXIT_USAGE
 
+# The policy names without importing the curation library: `rollyard --help` stays fast.
+POLICIES = ("instance", "repository", "off")
+DEFAULT_POLICY = "instance"
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     curate = subparsers.add_parser(
         "curate",
         help="admit tasks that are valid, stable, new and uncontaminated (curate flow)",
         description="Runs the reference solution and the untouched workspace N times each in "
-        "fresh sandboxes (plus reordered runs), checks duplicates within the tasks and against "
-        "the evaluation set, n-gram contamination and fix lines quoted in the instruction, and "
-        "records each verdict in the store's tasks table. N defaults to the runs that catch a "
-        "5%% flake with 95%% confidence (59); ROLLYARD_CURATE_* variables set every threshold.",
+        "fresh sandboxes (plus reordered runs), rejects a task that is the same task as another "
+        "of the batch or of an earlier admitted batch (same change and one more of failing "
+        "tests, hidden tests, instruction, after normalising renames and formatting), checks the "
+        "evaluation set under the decontamination policy and fix lines quoted in the "
+        "instruction, and records each verdict in the store's tasks table. N defaults to the "
+        "runs that catch a 5%% flake with 95%% confidence (59); ROLLYARD_CURATE_* variables set "
+        "every threshold.",
     )
     curate.add_argument(
         "tasks",
-        nargs="+",
+        nargs="*",
         metavar="TASK_DIR",
-        help="task directories, or directories of task directories",
+        help="task directories, or directories of task directories (none with --explain alone)",
     )
     curate.add_argument("--store", default=".rollyard", help="store root (default ./.rollyard)")
     curate.add_argument(
@@ -36,6 +44,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=[],
         metavar="DIR",
         help="evaluation tasks (a task dir or a dir of them); repeatable",
+    )
+    curate.add_argument(
+        "--decontamination",
+        choices=POLICIES,
+        default=DEFAULT_POLICY,
+        help="instance: reject the same task as an evaluation task; repository: also every "
+        "task whose code base appears in the evaluation set; off: no evaluation set checks "
+        f"(default {DEFAULT_POLICY}; recorded with each verdict)",
+    )
+    curate.add_argument(
+        "--explain",
+        default=None,
+        metavar="TASK_ID",
+        help="print why this task was admitted or rejected (rule, other task, evidence) from "
+        "the store's latest verdict; after curating TASK_DIRs when they are given",
     )
     curate.add_argument(
         "--reruns",
@@ -63,6 +86,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def curate_command(args: argparse.Namespace) -> int:
+    if not args.tasks and args.explain is None:
+        raise CliError("give the task directories to curate, or --explain TASK_ID", EXIT_USAGE)
+    if args.tasks:
+        verdicts = _run(args)
+        if args.explain is None:
+            if args.format == "json":
+                for verdict in verdicts:
+                    print(json.dumps(verdict, sort_keys=True))
+            else:
+                _print_table(verdicts)
+            return 0
+    return _explain(args.store, args.explain, args.format)
+
+
+def _run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from flows.curate import CurateParams, run_curation, task_dirs_from
     from tasks_lib.errors import CurationError, CurationSettingsError, TaskNotFoundError
 
@@ -84,17 +122,59 @@ def curate_command(args: argparse.Namespace) -> int:
             reference_run_id=reference[0],
             reference_policy_version=reference[1],
             batch_id=args.batch_id,
+            decontamination=args.decontamination,
         )
-        verdicts = run_curation(
-            params, workers=max(1, args.workers), dask_address=args.dask_address
-        )
+        return run_curation(params, workers=max(1, args.workers), dask_address=args.dask_address)
     except (ValueError, TaskNotFoundError, CurationError, CurationSettingsError) as error:
         raise CliError(str(error), EXIT_USAGE) from error
-    if args.format == "json":
-        for verdict in verdicts:
-            print(json.dumps(verdict, sort_keys=True))
-    else:
-        _print_table(verdicts)
+
+
+def _explain(store_root: str, task_id: str, output: str) -> int:
+    """Print the latest verdict of `task_id` in the store: every rule, the other task and the
+    similarity of each part compared."""
+    from storage import TrajectoryStore
+
+    rows = (
+        TrajectoryStore(store_root)
+        .query(
+            "SELECT task_id, task_version, status, reason, batch_id, recorded_at "
+            "FROM tasks_latest WHERE task_id = ? ORDER BY recorded_at DESC",
+            [task_id],
+        )
+        .to_pylist()
+    )
+    if not rows:
+        raise CliError(
+            f"no curation verdict for task {task_id!r} in the store {store_root}; curate it "
+            f"first: rollyard curate TASK_DIR --store {store_root}",
+            EXIT_USAGE,
+        )
+    row = rows[0]
+    detail = json.loads(row["reason"] or "{}")
+    reasons = detail.get("reasons", [])
+    if output == "json":
+        explained = {key: row[key] for key in ("task_id", "task_version", "status", "batch_id")}
+        explained |= {"reasons": reasons, "decontamination": detail.get("decontamination")}
+        print(json.dumps(explained, sort_keys=True))
+        return 0
+    policy = detail.get("decontamination") or "not recorded"
+    print(
+        f"{row['task_id']} (version {row['task_version']}): {row['status']} in batch "
+        f"{row['batch_id']}, decontamination {policy}"
+    )
+    if not reasons:
+        print("  no rule rejected it")
+    for reason in reasons:
+        print(f"  {reason['rule']}: {reason['detail']}")
+        if reason.get("other"):
+            print(f"    other task: {reason['other']}")
+        evidence = reason.get("evidence") or {}
+        if evidence:
+            parts = ", ".join(
+                f"{part} {value:.3f}" + (" (context only)" if part == "environment" else "")
+                for part, value in evidence.items()
+            )
+            print(f"    similarity by part: {parts}")
     return 0
 
 

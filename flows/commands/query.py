@@ -22,7 +22,9 @@ def register(subparsers: Any) -> None:
         description=(
             "Run DuckDB SQL over the store's views (episodes, steps, tasks, gates, metrics, "
             "checkpoints, training_episodes, iteration_status, gate_verdicts, tasks_latest), "
-            "or a named query."
+            "or a named query. Queries are read-only: SELECT (or EXPLAIN of one) over the "
+            "store's tables, no other file, no extension, no configuration change. To export, "
+            "name a directory with --allow-writes-to and COPY (SELECT ...) TO 'DIR/FILE'."
         ),
     )
     parser.add_argument("sql", nargs="?", help="the SQL to run")
@@ -30,6 +32,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--named", metavar="NAME", help="run a named query instead of SQL")
     parser.add_argument("--list-named", action="store_true", help="list the named queries")
     parser.add_argument("--format", choices=FORMATS, default="table", help="output format")
+    parser.add_argument(
+        "--allow-writes-to",
+        metavar="DIR",
+        default=None,
+        help="let COPY ... TO write files under DIR (an existing directory outside the store)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -45,7 +53,10 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("give either SQL or --named NAME (see --list-named)", EXIT_USAGE)
     try:
         store = TrajectoryStore(args.store, create=False)
-        table = store.named(args.named) if args.named else store.query(args.sql)
+        if args.named:
+            table = store.named(args.named)
+        else:
+            table = store.query(args.sql, allow_writes_to=args.allow_writes_to)
     except StoreError as error:
         raise CliError(str(error)) from error
     _print(table, args.format)

@@ -1,17 +1,32 @@
-"""`rollyard sandbox ...`: run one command in a fresh sandbox, check the host, sweep orphans.
-A `SandboxError` reaches the CLI's `main`, which exits with its code (3 for a host that cannot
-run sandboxes, 2 for a bad snapshot or limits)."""
+"""`rollyard sandbox ...`: run one command in a fresh sandbox, check the host, sweep orphans,
+inspect and prune the snapshot cache. A `SandboxError` reaches the CLI's `main`, which exits with
+its code (3 for a host that cannot run sandboxes, 2 for a bad snapshot or limits)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
-from flows.cli import positive_float, positive_int
+from flows.cli import int_between, positive_float_up_to
 from flows.errors import CliError
 from rollyard.errors import EXIT_USAGE
+from sandboxes.base import LIMIT_MAXIMA
+
+# flag -> (Limits field, help); each flag's maximum is the field's (sandboxes.base.LIMIT_MAXIMA).
+RUN_LIMIT_FLAGS = {
+    "--timeout-s": ("wall_time_s", "wall-clock limit of the command"),
+    "--cpu-time-s": ("cpu_time_s", "CPU seconds the command may use in all"),
+    "--memory-mb": ("memory_mb", "memory of all its processes together"),
+    "--pids": ("pids", "processes and threads alive at once"),
+    "--cpus": ("cpus", "CPU bandwidth in cores"),
+    "--disk-mb": ("disk_mb", "bytes the workspace may grow by, and the size of /tmp"),
+    "--output-bytes": ("output_bytes", "captured bytes per stream"),
+    "--workspace-mb": ("workspace_mb", "size of WORKSPACE, apparent and allocated bytes"),
+    "--workspace-files": ("workspace_files", "files and directories in WORKSPACE"),
+}
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -24,12 +39,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Runs CMD in a fresh sandbox (cwd = the workspace) and prints one JSON "
         "object. WORKSPACE itself is never modified.",
     )
-    run.add_argument("--timeout-s", type=positive_float, default=None, help="wall-clock limit")
-    run.add_argument("--memory-mb", type=positive_int, default=None)
-    run.add_argument("--pids", type=positive_int, default=None)
-    run.add_argument("--disk-mb", type=positive_int, default=None)
-    run.add_argument("--output-bytes", type=positive_int, default=None)
-    run.add_argument("--cpus", type=positive_float, default=None)
+    from sandboxes.base import Limits
+
+    defaults = Limits()
+    for flag, (field, help_text) in RUN_LIMIT_FLAGS.items():
+        maximum = LIMIT_MAXIMA[field]
+        default = getattr(defaults, field)
+        parse = (
+            positive_float_up_to(maximum) if isinstance(default, float) else int_between(1, maximum)
+        )
+        run.add_argument(
+            flag, dest=field, type=parse, default=None, metavar=field.rsplit("_", 1)[-1].upper(),
+            help=f"{help_text} (default {default:g}, at most {maximum})"
+            if isinstance(default, float) else f"{help_text} (default {default}, at most {maximum})",
+        )  # fmt: skip
     run.add_argument("workspace", metavar="WORKSPACE", help="directory the sandbox starts from")
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
     run.set_defaults(handler=run_command)
@@ -41,6 +64,28 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "sweep", help="reclaim sandboxes whose owning process died (processes, mounts, cgroups)"
     )
     sweep.set_defaults(handler=sweep_command)
+
+    cache = commands.add_parser(
+        "cache",
+        help="inspect and prune the snapshot cache (private copies of workspaces)",
+        description="The bwrap backend keeps a private copy of each workspace it opened, by "
+        "content digest. After each new copy, least recently used ones beyond the budget "
+        "(ROLLYARD_SNAPSHOT_CACHE_MB, default 4096) that no sandbox has mounted are evicted.",
+    )
+    cache_commands = cache.add_subparsers(dest="cache_command", required=True, metavar="ACTION")
+    listing = cache_commands.add_parser("list", help="entries, least recently used first")
+    listing.set_defaults(handler=cache_list_command)
+    prune = cache_commands.add_parser(
+        "prune",
+        help="evict least recently used entries down to a size",
+        description="Evicts least recently used entries until the cache holds at most --max-mb; "
+        "entries mounted by a sandbox, or opened in the last minute, stay.",
+    )
+    prune.add_argument(
+        "--max-mb", type=int_between(0), default=None,
+        help="size to prune down to (default: the budget; 0 evicts every entry not in use)",
+    )  # fmt: skip
+    prune.set_defaults(handler=cache_prune_command)
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -54,14 +99,7 @@ def run_command(args: argparse.Namespace) -> int:
     workspace = Path(args.workspace)
     if not workspace.is_dir():
         raise CliError(f"workspace {workspace} is not a directory", EXIT_USAGE)
-    overrides = {
-        "wall_time_s": args.timeout_s,
-        "memory_mb": args.memory_mb,
-        "pids": args.pids,
-        "disk_mb": args.disk_mb,
-        "output_bytes": args.output_bytes,
-        "cpus": args.cpus,
-    }
+    overrides = {field: getattr(args, field) for field, _ in RUN_LIMIT_FLAGS.values()}
     limits = Limits(**{k: v for k, v in overrides.items() if v is not None})
     with open_sandbox(workspace, limits=limits) as sandbox:
         result = sandbox.execute(command)
@@ -100,3 +138,48 @@ def sweep_command(args: argparse.Namespace) -> int:
     reclaimed = sweep_orphans(host_layout())
     print(f"reclaimed {len(reclaimed)} orphaned sandbox(es)")
     return 0
+
+
+# A manual prune leaves entries opened this recently: an opener between its cache hit and its
+# mount is not yet visible as a mount.
+_MANUAL_PRUNE_GRACE_S = 60.0
+
+
+def cache_list_command(args: argparse.Namespace) -> int:
+    from sandboxes.host import host_layout
+    from sandboxes.snapshot import SnapshotCache, default_cache_budget_bytes
+
+    entries = SnapshotCache(host_layout().snapshots).entries()
+    now = time.time()
+    print(f"{'digest':<16}  {'size_mb':>9}  {'last_used':>12}  in_use")
+    for entry in entries:
+        print(
+            f"{entry.name[:16]:<16}  {entry.size_bytes / (1 << 20):9.1f}  "
+            f"{_ago(now - entry.last_used):>12}  {'yes' if entry.mounted else 'no'}"
+        )
+    total_mb = sum(e.size_bytes for e in entries) / (1 << 20)
+    print(
+        f"({len(entries)} entries, {total_mb:.1f} MB of a {default_cache_budget_bytes() >> 20} MB "
+        "budget)"
+    )
+    return 0
+
+
+def cache_prune_command(args: argparse.Namespace) -> int:
+    from sandboxes.host import host_layout
+    from sandboxes.snapshot import SnapshotCache, default_cache_budget_bytes
+
+    budget = default_cache_budget_bytes() if args.max_mb is None else args.max_mb << 20
+    cache = SnapshotCache(host_layout().snapshots)
+    evicted = cache.prune(budget, grace_s=_MANUAL_PRUNE_GRACE_S)
+    freed_mb = sum(e.size_bytes for e in evicted) / (1 << 20)
+    kept_mb = sum(e.size_bytes for e in cache.entries()) / (1 << 20)
+    print(f"evicted {len(evicted)} entries ({freed_mb:.1f} MB); {kept_mb:.1f} MB kept")
+    return 0
+
+
+def _ago(seconds: float) -> str:
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit} ago"
+    return f"{seconds:.0f}s ago"

@@ -1,4 +1,5 @@
-"""`rollyard train` and `rollyard demo`: the training flow from the command line."""
+"""`rollyard train` and `rollyard demo`: the training flow from the command line. The policy
+spec is checked before anything runs or is written (`training.iteration.check_training_policy`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from flows.cli import positive_float, positive_int
+from flows.commands.policy_options import add_policy_options
 from flows.errors import CliError
 from rollyard.errors import EXIT_USAGE
 
@@ -20,9 +22,7 @@ trials, so GRPO groups differ from the first iteration (see
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    train = subparsers.add_parser(
-        "train", help="train the built-in policy with GRPO (Prefect flow over Dask)"
-    )
+    train = subparsers.add_parser("train", help="train a policy with GRPO (Prefect flow over Dask)")
     train.add_argument("--tasks", required=True, help="directory of task directories")
     _common_train_options(train)
     train.set_defaults(handler=train_command)
@@ -48,6 +48,7 @@ def _common_train_options(
     max_steps: int = 10,
 ) -> None:
     parser.add_argument("--store", default=".rollyard", help="store root (default ./.rollyard)")
+    add_policy_options(parser, sampling=False)
     parser.add_argument("--iterations", type=positive_int, default=iterations)
     parser.add_argument("--group-size", type=positive_int, default=group_size)
     parser.add_argument("--tasks-per-iteration", type=positive_int, default=tasks_per_iteration)
@@ -101,6 +102,14 @@ def _common_train_options(
         help="fail the run after the Dask cluster has had no worker this long (default 120)",
     )
     parser.add_argument(
+        "--episode-deadline",
+        type=positive_float,
+        default=900.0,
+        metavar="SECONDS",
+        help="a shard running longer than this per episode is hung: its Dask worker is "
+        "restarted and the shard runs again elsewhere (default 900)",
+    )
+    parser.add_argument(
         "--schedule",
         choices=("longest_first", "round_robin"),
         default="longest_first",
@@ -115,6 +124,8 @@ def _settings(args: argparse.Namespace, tasks_dir: Path) -> Any:
         tasks_dir=str(tasks_dir),
         store=str(args.store),
         run_id=args.run_id or f"run-{args.seed}",
+        policy=args.policy,
+        max_concurrent_requests=args.max_concurrent_requests,
         iterations=args.iterations,
         tasks_per_iteration=args.tasks_per_iteration,
         group_size=args.group_size,
@@ -129,6 +140,7 @@ def _settings(args: argparse.Namespace, tasks_dir: Path) -> Any:
         max_attempts=args.max_attempts,
         recovery_mode=args.recovery_mode,
         no_worker_timeout_s=args.no_worker_timeout,
+        episode_deadline_s=args.episode_deadline,
     )
 
 
@@ -220,10 +232,18 @@ def _print_summary(summaries: list[Any]) -> None:
     Console().print(table)
 
 
+def _check_policy(args: argparse.Namespace) -> None:
+    """The spec, a trainer for it and its server, before anything runs or is written."""
+    from training.iteration import check_training_policy
+
+    check_training_policy(args.policy)
+
+
 def train_command(args: argparse.Namespace) -> int:
     tasks_dir = Path(args.tasks)
     if not tasks_dir.is_dir():
         raise CliError(f"--tasks {tasks_dir} is not a directory", EXIT_USAGE)
+    _check_policy(args)
     settings = _settings(args, tasks_dir)
     try:
         summaries = _run_with_progress(settings, args)
@@ -238,6 +258,7 @@ def demo_command(args: argparse.Namespace) -> int:
     from tasks_lib import generate_demo_tasks
     from tasks_lib.format import tasks_in
 
+    _check_policy(args)
     store_root = Path(args.store)
     tasks_dir = store_root / "demo-tasks"
     if not tasks_in(tasks_dir):

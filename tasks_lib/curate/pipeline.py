@@ -1,12 +1,15 @@
-"""Curation end to end: a per-task check (the map step: load, oracle runs, validity, flakiness,
-contamination, fix lines, difficulty, fingerprint) and a library-wide decision (the reduce step:
-duplicates need every task's fingerprint). Each task gets `admitted` or `rejected` with every
-reason; `verdict_rows` turns the verdicts into rows of the store's `tasks` table.
+"""Curation end to end: a per-task check (the map step: load, reference solution, fingerprint,
+fix lines, oracle runs, validity, flakiness, difficulty) and a library-wide decision (the reduce
+step: duplicates within the batch and against earlier admitted batches, and decontamination
+against the evaluation set, need every task's fingerprint). Each task gets `admitted` or
+`rejected` with every reason and the decontamination policy it was judged under;
+`verdict_rows` turns the verdicts into rows of the store's `tasks` table (fingerprints included,
+so a later batch compares against them: `earlier_admitted`).
 
     settings = CurationSettings.from_env(reruns=5)
     eval_set = load_eval_set(eval_dirs, settings)
-    checks = [check_task_dir(d, settings, eval_set) for d in task_dirs]   # or a Dask map
-    verdicts = decide(checks, settings, eval_set)
+    checks = [check_task_dir(d, settings) for d in task_dirs]   # or a Dask map
+    verdicts = decide(checks, settings, eval_set, decontamination="instance")
 """
 
 from __future__ import annotations
@@ -20,21 +23,26 @@ from typing import Any, Literal
 from sandboxes import SandboxError
 from tasks_lib.curate.checks import flakiness_reasons, flip_rates, validity_reasons
 from tasks_lib.curate.difficulty import DifficultyEstimate, Sampler, estimate_difficulty
+from tasks_lib.curate.fingerprint import Fingerprint, fingerprint
 from tasks_lib.curate.reasons import Reason
 from tasks_lib.curate.runs import run_oracle
 from tasks_lib.curate.settings import CurationSettings
 from tasks_lib.curate.similarity import (
-    DuplicateIndex,
+    DEFAULT_POLICY,
+    Decontamination,
     EvalSet,
-    Fingerprint,
+    FingerprintIndex,
     build_eval_set,
+    check_policy,
     contamination_reasons,
-    duplicate_reasons,
-    fingerprint,
+    duplicate_reason,
     fix_in_instruction_reasons,
+    instruction_templates,
 )
 from tasks_lib.errors import CurationError, SolutionError, TaskError, TaskValidationError
 from tasks_lib.format.loader import load_task
+from tasks_lib.format.model import Task
+from tasks_lib.verify.candidate import CandidateChanges
 from tasks_lib.verify.oracle import solution_changes
 
 Verdict = Literal["admitted", "rejected"]
@@ -68,6 +76,8 @@ class TaskVerdict:
     checks: TaskChecks
     verdict: Verdict
     reasons: tuple[Reason, ...]
+    decontamination: Decontamination = DEFAULT_POLICY
+    """The policy the task was judged under against the evaluation set."""
 
     @property
     def task_id(self) -> str:
@@ -89,6 +99,7 @@ class TaskVerdict:
             "task_dir": checks.task_dir,
             "verdict": self.verdict,
             "reasons": [r.to_json() for r in self.reasons],
+            "decontamination": self.decontamination,
             "runs": checks.runs,
             "flip_rates": {t: round(r, 4) for t, r in checks.flip_rates.items() if r > 0},
             "difficulty": self.difficulty_bucket,
@@ -96,21 +107,38 @@ class TaskVerdict:
         }
 
 
-def load_eval_set(eval_dirs: Iterable[str | Path], settings: CurationSettings) -> EvalSet:
-    """Fingerprints of the evaluation tasks; a task that does not load is an error."""
-    tasks = []
+def load_eval_set(
+    eval_dirs: Iterable[str | Path], settings: CurationSettings, *, backend: str = "bwrap"
+) -> EvalSet:
+    """Fingerprints of the evaluation tasks (their reference solutions run in a sandbox for the
+    change); a task that does not load is an error, one whose solution fails is compared
+    without its change."""
+    prints = []
     for path in eval_dirs:
         try:
-            tasks.append(load_task(path))
+            task = load_task(path)
         except TaskError as error:
             raise CurationError(f"evaluation task {path} does not load: {error}") from error
-    return build_eval_set(tasks, settings)
+        try:
+            solution: CandidateChanges | None = solution_changes(task, backend=backend)
+        except (SolutionError, SandboxError):
+            solution = None
+        prints.append(task_fingerprint(task, solution, settings))
+    return build_eval_set(prints)
+
+
+def task_fingerprint(
+    task: Task, solution: CandidateChanges | None, settings: CurationSettings
+) -> Fingerprint:
+    """`fingerprint` with the settings' shingle size and permutations."""
+    return fingerprint(
+        task, solution, shingle_tokens=settings.shingle_tokens, num_perm=settings.num_perm
+    )
 
 
 def check_task_dir(
     task_dir: str | Path,
     settings: CurationSettings,
-    eval_set: EvalSet | None = None,
     *,
     sampler: Sampler | None = None,
     backend: str = "bwrap",
@@ -124,23 +152,19 @@ def check_task_dir(
         return _unloadable(path, f"{len(error.issues)} problem(s), first: {first}")
     except TaskError as error:
         return _unloadable(path, str(error))
-    reasons: list[Reason] = []
-    print_ = fingerprint(task, settings)
     base = dict(
         task_dir=path, task_id=task.id, task_version=task.version, family=task.family or None,
         source=task.source or None, declared_difficulty=task.difficulty or None,
         n_fail_to_pass=len(task.fail_to_pass), n_pass_to_pass=len(task.pass_to_pass),
-        fingerprint=print_,
     )  # fmt: skip
-    if eval_set is not None:
-        reasons += contamination_reasons(print_, eval_set, settings)
     try:
         solution = solution_changes(task, backend=backend)
     except (SolutionError, SandboxError) as error:
-        reasons.append(Reason("solution_error", str(error)[:300]))
-        return TaskChecks(**base, reasons=tuple(reasons), flip_rates={}, runs=0,  # type: ignore[arg-type]
-                          solution_passes=False, difficulty=None)  # fmt: skip
-    reasons += fix_in_instruction_reasons(task, solution, settings)
+        # Still fingerprinted (without the change): a broken copy of a task is still a copy.
+        return TaskChecks(**base, reasons=(Reason("solution_error", str(error)[:300]),),  # type: ignore[arg-type]
+                          flip_rates={}, runs=0, solution_passes=False,
+                          fingerprint=task_fingerprint(task, None, settings), difficulty=None)  # fmt: skip
+    reasons = fix_in_instruction_reasons(task, solution, settings)
     runs = run_oracle(task, solution, runs=settings.runs, order_runs=settings.random_order_runs,
                       order_seed=settings.order_seed, backend=backend)  # fmt: skip
     reasons += validity_reasons(task, runs, settings)
@@ -156,6 +180,7 @@ def check_task_dir(
         flip_rates=rates,
         runs=len(runs.solution) + len(runs.solution_orders),
         solution_passes=runs.solution[0].reward == 1.0,
+        fingerprint=task_fingerprint(task, solution, settings),
         difficulty=difficulty,
     )
 
@@ -169,28 +194,90 @@ def _unloadable(path: str, detail: str) -> TaskChecks:
     )  # fmt: skip
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class AdmittedTask:
+    """A task an earlier batch admitted, as the store's `tasks` table recorded it."""
+
+    fingerprint: Fingerprint
+    batch_id: str
+
+
+def earlier_admitted(rows: Iterable[Mapping[str, Any]]) -> tuple[list[AdmittedTask], list[str]]:
+    """Admitted tasks of earlier batches from `tasks` rows (`task_id`, `status`, `reason`,
+    `batch_id`), and the ids of admitted tasks that carry no readable fingerprint (recorded
+    before fingerprints were stored, or by another fingerprint version): curate those again to
+    compare against them."""
+    admitted, unreadable = [], []
+    for row in rows:
+        if row.get("status") != "admitted":
+            continue
+        try:
+            detail = json.loads(row.get("reason") or "{}")
+            print_ = Fingerprint.from_json(detail["fingerprint"])
+        except (ValueError, KeyError, TypeError):
+            unreadable.append(str(row.get("task_id")))
+            continue
+        admitted.append(AdmittedTask(print_, str(row.get("batch_id") or "?")))
+    return admitted, unreadable
+
+
 def decide(
-    checks: Sequence[TaskChecks], settings: CurationSettings, eval_set: EvalSet | None = None
+    checks: Sequence[TaskChecks],
+    settings: CurationSettings,
+    eval_set: EvalSet | None = None,
+    *,
+    decontamination: str = DEFAULT_POLICY,
+    earlier: Sequence[AdmittedTask] = (),
 ) -> list[TaskVerdict]:
-    """Add duplicate reasons and decide. Tasks are compared in task-id order; the first of a
-    group of duplicates keeps its place, the later ones are rejected naming it."""
-    library = DuplicateIndex(settings)
-    evaluation = eval_set.index(settings) if eval_set is not None else None
+    """Add duplicate and contamination reasons, and decide. Tasks admitted by `earlier` batches
+    come first (a task of this batch with the same id replaces its earlier entry); then this
+    batch's tasks in task-id order, the first of a group of duplicates keeping its place and the
+    later ones rejected naming it."""
+    policy = check_policy(decontamination)
+    batch_ids = {item.task_id for item in checks}
+    earlier = [a for a in earlier if a.fingerprint.task_id not in batch_ids]
+    eval_prints = eval_set.prints if eval_set is not None else ()
+    for stored in (*(a.fingerprint for a in earlier), *eval_prints):
+        if stored.num_perm not in (None, settings.num_perm):
+            raise CurationError(
+                f"task {stored.task_id} was fingerprinted with {stored.num_perm} MinHash "
+                f"permutations, these settings use {settings.num_perm}; set "
+                f"ROLLYARD_CURATE_NUM_PERM={stored.num_perm} or curate it again"
+            )
+    templates = instruction_templates(
+        [c.fingerprint for c in checks if c.fingerprint is not None]
+        + [a.fingerprint for a in earlier]
+        + list(eval_prints),
+        settings,
+    )
+    library = FingerprintIndex(settings, templates)
+    labels: dict[str, str] = {}
+    for admitted in earlier:
+        task_id = admitted.fingerprint.task_id
+        if task_id in library:
+            continue  # another version of one task: the first one read stands for it
+        library.add(task_id, admitted.fingerprint)
+        labels[task_id] = f"{task_id} (admitted in batch {admitted.batch_id})"
+    evaluation = FingerprintIndex(settings, templates)
+    for print_ in eval_prints:
+        key = print_.task_id
+        evaluation.add(key if key not in evaluation else f"{key}#{len(evaluation)}", print_)
     verdicts: dict[int, TaskVerdict] = {}
     order = sorted(range(len(checks)), key=lambda i: (checks[i].task_id, checks[i].task_dir))
-    seen_keys: set[str] = set()
     for position in order:
         item = checks[position]
         reasons = list(item.reasons)
         if item.fingerprint is not None:
-            reasons += duplicate_reasons(item.fingerprint, library, evaluation)
-            key = (
-                item.task_id if item.task_id not in seen_keys else f"{item.task_id}@{item.task_dir}"
-            )
-            seen_keys.add(key)
+            duplicate = duplicate_reason(library.matches(item.fingerprint), labels)
+            reasons += [duplicate] if duplicate else []
+            if eval_set is not None:
+                reasons += contamination_reasons(
+                    item.fingerprint, evaluation, eval_set, policy, settings
+                )
+            key = item.task_id if item.task_id not in library else f"{item.task_id}@{item.task_dir}"
             library.add(key, item.fingerprint)
         verdict: Verdict = "rejected" if reasons else "admitted"
-        verdicts[position] = TaskVerdict(item, verdict, tuple(reasons))
+        verdicts[position] = TaskVerdict(item, verdict, tuple(reasons), policy)
     return [verdicts[i] for i in range(len(checks))]
 
 
@@ -199,29 +286,35 @@ def curate_tasks(
     settings: CurationSettings | None = None,
     *,
     eval_dirs: Sequence[str | Path] = (),
+    decontamination: str = DEFAULT_POLICY,
+    earlier: Sequence[AdmittedTask] = (),
     sampler: Sampler | None = None,
     map_fn: Callable[..., Iterable[TaskChecks]] | None = None,
 ) -> list[TaskVerdict]:
     """Curate `task_dirs` in this process (`map_fn`, e.g. a Dask client's map, spreads the
     per-task checks)."""
     settings = settings or CurationSettings.from_env()
+    check_policy(decontamination)
     eval_set = load_eval_set(eval_dirs, settings) if eval_dirs else None
 
     def one(task_dir: str | Path) -> TaskChecks:
-        return check_task_dir(task_dir, settings, eval_set, sampler=sampler)
+        return check_task_dir(task_dir, settings, sampler=sampler)
 
     checks = list((map_fn or map)(one, task_dirs))
-    return decide(checks, settings, eval_set)
+    return decide(checks, settings, eval_set, decontamination=decontamination, earlier=earlier)
 
 
 def verdict_rows(verdicts: Sequence[TaskVerdict]) -> list[dict[str, Any]]:
     """Rows for `TrajectoryStore.tasks.record`: `status` is the verdict; `reason` holds JSON with
-    every reason, the per-test flip rates and the runs behind them, and the measured pass rate."""
+    every reason (rule, detail, other task, evidence), the decontamination policy, the task's
+    fingerprint, the per-test flip rates and the runs behind them, and the measured pass rate."""
     rows = []
     for verdict in verdicts:
         checks = verdict.checks
         detail = {
             "reasons": [r.to_json() for r in verdict.reasons],
+            "decontamination": verdict.decontamination,
+            "fingerprint": checks.fingerprint.to_json() if checks.fingerprint else None,
             "runs": checks.runs,
             "flip_rates": {t: round(r, 4) for t, r in checks.flip_rates.items()},
             "pass_rate": checks.difficulty.pass_rate if checks.difficulty else None,

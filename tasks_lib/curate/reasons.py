@@ -1,8 +1,10 @@
-"""Why a task is rejected: a short rule name and the details behind it."""
+"""Why a task is rejected: a short rule name, the details behind it and, for a rule that
+compares tasks, the other task and the similarity of each part compared."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 RULES = {
     "invalid_task": "the task directory does not load (Harbor layout or [rollyard] schema)",
@@ -15,10 +17,13 @@ RULES = {
     "not_scored": "a verification run ended without a verdict (infra or verifier error)",
     "flaky_test": "a test's outcome changed between identical runs or test orders",
     "flaky_reward": "the reward changed between identical runs (plain Harbor task)",
-    "exact_duplicate": "same normalized instruction, tests and solution as another task",
-    "near_duplicate": "MinHash-estimated Jaccard similarity above the threshold",
-    "eval_duplicate": "an exact or near duplicate of an evaluation task",
-    "contaminated": "shares 13-grams with an evaluation task",
+    "exact_duplicate": "the same task as another (every distinguishing part equal after "
+    "normalising: instruction, change, failing and hidden tests)",
+    "near_duplicate": "the same task as another: the change and one more part match "
+    "(MinHash-estimated Jaccard at or above the threshold)",
+    "contaminated": "the same task as an evaluation task (decontamination instance or repository)",
+    "eval_repository": "the task's code base appears in the evaluation set (decontamination "
+    "repository)",
     "fix_in_instruction": "a line of the reference fix appears in the instruction",
     "low_review_agreement": "human reviewers disagree with too many rewards of the task's family",
 }
@@ -30,13 +35,22 @@ class Reason:
 
     rule: str
     detail: str
+    other: str | None = None
+    """The task this one was compared with (a duplicate's original, an evaluation task)."""
+    evidence: tuple[tuple[str, float], ...] = ()
+    """(part, similarity) of every part compared, e.g. `("change", 1.0)`."""
 
     def __post_init__(self) -> None:
         if self.rule not in RULES:
             raise ValueError(f"unknown curation rule {self.rule!r}; known: {', '.join(RULES)}")
 
-    def to_json(self) -> dict[str, str]:
-        return {"rule": self.rule, "detail": self.detail}
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"rule": self.rule, "detail": self.detail}
+        if self.other is not None:
+            data["other"] = self.other
+        if self.evidence:
+            data["evidence"] = dict(self.evidence)
+        return data
 
     def __str__(self) -> str:
         return f"{self.rule}: {self.detail}"

@@ -50,19 +50,25 @@ class CurationSettings:
     max_fail_to_pass: int = 50
     """More fail_to_pass tests than this is a sign of an over-broad task (VAL-3)."""
     shingle_tokens: int = 5
-    """Tokens per shingle for near-duplicate detection (BigCode uses 5)."""
+    """Tokens per shingle of the code parts (BigCode uses 5)."""
     near_duplicate_threshold: float = 0.8
-    """Estimated Jaccard similarity from which two tasks are near-duplicates."""
+    """Estimated Jaccard similarity from which a code part of two tasks matches (the change,
+    the failing tests, the hidden tests); see `similarity` for when matching parts make two
+    tasks one."""
     num_perm: int = 128
     """MinHash permutations."""
-    contamination_ngram: int = 13
-    """n of the n-gram overlap test against the evaluation set (GPT-3's filter uses 13)."""
-    min_shared_ngrams: int = 1
-    """Shared n-grams with one evaluation task from which a task counts as contaminated."""
+    instruction_threshold: float = 0.5
+    """Jaccard similarity of two instructions' content words (template words left out) from
+    which the instructions match. Lower than the code parts' threshold: rewording changes words,
+    and an instruction never makes two tasks one on its own."""
     template_doc_share: float = 0.5
-    """An n-gram found in at least this share of all tasks (library and evaluation set, when
-    there are at least `template_min_docs`) is family boilerplate, not contamination."""
+    """An instruction word found in at least this share of the instructions compared (this
+    batch, the evaluation set and the earlier admitted tasks, when there are at least
+    `template_min_docs`) is a generator's template, not what tells tasks apart."""
     template_min_docs: int = 4
+    repository_overlap: float = 0.5
+    """Share of the smaller environment found in the other from which two tasks share a code
+    base (the `repository` decontamination policy)."""
     min_fix_line_chars: int = 12
     """Shortest added solution line (stripped) that counts when found in the instruction."""
     difficulty_samples: int = 8
@@ -82,10 +88,11 @@ class CurationSettings:
             raise CurationSettingsError(
                 f"near_duplicate_threshold = {self.near_duplicate_threshold}; use (0, 1]"
             )
-        if self.shingle_tokens < 1 or self.contamination_ngram < 1 or self.num_perm < 16:
-            raise CurationSettingsError(
-                "shingle_tokens and contamination_ngram must be >= 1, num_perm >= 16"
-            )
+        for name in ("instruction_threshold", "repository_overlap"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                raise CurationSettingsError(f"{name} = {getattr(self, name)}; use (0, 1]")
+        if self.shingle_tokens < 1 or self.num_perm < 16:
+            raise CurationSettingsError("shingle_tokens must be >= 1, num_perm >= 16")
         edges = self.difficulty_edges
         if any(not 0.0 < e < 1.0 for e in edges) or list(edges) != sorted(set(edges)):
             raise CurationSettingsError(

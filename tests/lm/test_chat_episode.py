@@ -14,9 +14,7 @@ from scripted_chat_server import ScriptedChatServer, completion, tool_call
 from rollyard.status import is_trainable
 from sandboxes import Limits, Sandbox, SandboxPool, open_sandbox
 from storage import TrajectoryStore
-from tasks_lib.families.demo import generate_demo_tasks
-from tasks_lib.loader import load_task
-from tasks_lib.model import Task
+from tasks_lib import Task, generate_demo_tasks, load_task
 from training.actions import InvalidCall, ReadFile, RunCommand, Submit
 from training.episode import EpisodeConfig, run_episode
 from training.lm.openai_policy import ClientSettings, OpenAIPolicy

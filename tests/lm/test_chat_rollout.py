@@ -11,7 +11,7 @@ from scripted_chat_server import ScriptedChatServer, completion, tool_call
 
 from sandboxes import Limits, SandboxPool
 from storage import TrajectoryStore
-from tasks_lib.families.demo import generate_demo_tasks
+from tasks_lib import generate_demo_tasks
 from training.lm.openai_policy import ClientSettings, OpenAIPolicy
 from training.rollout import commit_shard, plan_iteration, run_shard
 from training.trajectory import EpisodeStatus

@@ -205,3 +205,70 @@ def test_server_refuses_a_directory_that_is_not_a_model(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "no config.json" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_lora_adapters_load_serve_and_unload_as_on_vllm(
+    lm_server: LmServer, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from training.lm.generate import LocalGenerator
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    # Random B matrices (not peft's zero init), so the adapter changes what the model says.
+    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    adapter_dir = tmp_path / "adapter"
+    get_peft_model(model, lora).save_pretrained(adapter_dir)
+    not_an_adapter = tmp_path / "empty"
+    not_an_adapter.mkdir()
+
+    def post(path: str, **body: Any) -> httpx.Response:
+        return httpx.post(f"{lm_server.base_url}/{path}", json=body, timeout=120.0)
+
+    name = "tiny-agent-lora-v1"
+    loaded = post("load_lora_adapter", lora_name=name, lora_path=str(adapter_dir))
+    assert loaded.status_code == 200, loaded.text
+    assert loaded.text == f"Success: LoRA adapter '{name}' added successfully."
+    try:
+        listed = httpx.get(f"{lm_server.base_url}/models", timeout=10.0).json()["data"]
+        assert {"id": name, "parent": lm_server.model, "root": str(adapter_dir)}.items() <= next(
+            entry for entry in listed if entry["id"] == name
+        ).items()
+        again = post("load_lora_adapter", lora_name=name, lora_path=str(adapter_dir))
+        assert again.status_code == 400 and "already been loaded" in again.text
+        assert (
+            post("load_lora_adapter", lora_name="x", lora_path=str(tmp_path / "no")).status_code
+            == 404
+        )
+        bad = post("load_lora_adapter", lora_name="x", lora_path=str(not_an_adapter))
+        assert bad.status_code == 400 and "adapter_config.json" in bad.json()["error"]["message"]
+
+        fields = {"max_tokens": 8, "seed": 1, "logprobs": True, "return_token_ids": True}
+        base = _chat(lm_server, **fields).json()
+        adapted = _chat(lm_server, **{**fields, "model": name}).json()
+        assert adapted["model"] == name
+        assert adapted["prompt_token_ids"] == base["prompt_token_ids"]
+        served = [item["logprob"] for item in adapted["choices"][0]["logprobs"]["content"]]
+        assert served != [item["logprob"] for item in base["choices"][0]["logprobs"]["content"]]
+        # The served adapter is the same model as the adapter merged in-process.
+        local = LocalGenerator.from_pretrained(tiny_model_dir).with_lora_adapter(
+            adapter_dir, name=name
+        )
+        ids = adapted["prompt_token_ids"] + adapted["choices"][0]["token_ids"]
+        with torch.no_grad():
+            logits = local.model(input_ids=torch.tensor([ids])).logits[0].float()
+        log_probs = torch.log_softmax(logits, dim=-1)
+        start = len(adapted["prompt_token_ids"]) - 1
+        expected = [
+            float(log_probs[start + index, token])
+            for index, token in enumerate(adapted["choices"][0]["token_ids"])
+        ]
+        assert served == pytest.approx(expected, abs=1e-4)
+    finally:
+        unloaded = post("unload_lora_adapter", lora_name=name)
+    assert unloaded.status_code == 200, unloaded.text
+    assert _chat(lm_server, model=name, max_tokens=1).status_code == 404
+    assert post("unload_lora_adapter", lora_name=name).status_code == 404

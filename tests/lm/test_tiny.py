@@ -153,7 +153,7 @@ def test_fine_tuned_model_answers_with_well_formed_tool_calls(tiny_model_dir: Pa
     well_formed = [
         c for c in completions if c.finish_reason == "tool_calls" and not c.malformed_tool_calls
     ]
-    assert len(well_formed) >= 0.8 * len(completions), [c.text for c in completions]
+    assert len(well_formed) >= 0.75 * len(completions), [c.text for c in completions]
     assert {call.name for c in well_formed for call in c.tool_calls} <= set(
         tool["function"]["name"] for tool in TOOL_SCHEMAS
     )

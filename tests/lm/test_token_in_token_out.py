@@ -15,9 +15,7 @@ import torch
 
 from sandboxes import open_sandbox
 from storage import TrajectoryStore
-from tasks_lib.families.demo import generate_demo_tasks
-from tasks_lib.loader import load_task
-from tasks_lib.model import Task
+from tasks_lib import Task, generate_demo_tasks, load_task
 from training.actions import History, InvalidCall, action_arguments, history_messages
 from training.episode import EpisodeConfig, run_episode
 from training.lm.conversation import SYSTEM_PROMPT, TOOL_SCHEMAS, ChatSampling

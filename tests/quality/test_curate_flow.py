@@ -21,7 +21,8 @@ def prefect_api() -> Iterator[str]:
     from prefect.settings import PREFECT_API_URL
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness():
+    # The test server starts in seconds on an idle machine, in a minute on a loaded one.
+    with prefect_test_harness(server_startup_timeout=180):
         yield str(PREFECT_API_URL.value())
 
 
@@ -79,6 +80,26 @@ def test_rollyard_curate_json_lines_and_tasks_table(
             ("t-copy", "rejected"),
         ]
         assert json.loads(rows[1]["reason"])["reasons"][0]["rule"] == "exact_duplicate"
+
+        # A later batch: a copy of the admitted task is found through the tasks table.
+        later = shutil.copytree(clean, root / "later" / "t-later")
+        (later / "task.toml").write_text(
+            (later / "task.toml").read_text().replace('"t-clean"', '"t-later"')
+        )
+        code = cli_main(
+            ["curate", str(root / "later"), "--store", str(store), "--reruns", "1",
+             "--order-runs", "0", "--workers", "1", "--format", "json", "--batch-id", "b2",
+             "--decontamination", "repository"]
+        )  # fmt: skip
+        assert code == 0
+        (line,) = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.strip()]
+        assert line["verdict"] == "rejected" and line["decontamination"] == "repository"
+        assert line["reasons"][0]["other"] == "t-clean"
+        assert "t-clean (admitted in batch b1)" in line["reasons"][0]["detail"]
+        assert cli_main(["curate", "--explain", "t-later", "--store", str(store)]) == 0
+        explained = capsys.readouterr().out
+        assert "rejected in batch b2, decontamination repository" in explained
+        assert "other task: t-clean" in explained
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -105,7 +105,7 @@ def test_duplicates_contamination_and_invalid_tasks(task_root: Path) -> None:
     # A renamed copy: every identifier renamed, the same task otherwise.
     renamed = shutil.copytree(clean, library / "b-renamed")
     for path in renamed.rglob("*"):
-        if path.is_file() and path.suffix in (".py", ".md", ".toml"):
+        if path.is_file() and path.suffix in (".py", ".md", ".toml", ".sh"):
             text = path.read_text().replace("a-clean", "b-renamed")
             for old, new in (("calc", "arith"), ("add", "plus"), ("scale", "stretch")):
                 text = text.replace(old, new)
@@ -161,20 +161,26 @@ def test_duplicates_contamination_and_invalid_tasks(task_root: Path) -> None:
         for v in curate_tasks(dirs, settings, eval_dirs=[evaluation / "eval-0"], map_fn=_parallel)
     }
     assert verdicts["a-clean"].admitted, verdicts["a-clean"].to_json()
-    assert "near_duplicate" in _rules(verdicts["b-renamed"])
-    assert "renaming" in str(verdicts["b-renamed"].reasons)
+    # The renamed copy: its change and its tests are the original's once names are numbered.
+    renamed_reason = next(r for r in verdicts["b-renamed"].reasons if r.rule == "near_duplicate")
+    assert renamed_reason.other == "a-clean"
+    assert dict(renamed_reason.evidence)["change"] == 1.0
+    assert dict(renamed_reason.evidence)["failing_tests"] == 1.0
     assert "near_duplicate" in _rules(verdicts["c-near"])
     assert "fix_in_instruction" in _rules(verdicts["d-fix-quoted"])
     assert "solution_fails" in _rules(verdicts["f-broken"])
     assert "exact_duplicate" not in _rules(verdicts["f-broken"])  # the solution differs
     assert "fail_to_pass_not_collected" in _rules(verdicts["g-missing-id"])
-    leaked_rules = _rules(verdicts["h-leaked"])
-    assert "contaminated" in leaked_rules, verdicts["h-leaked"].to_json()
+    # The evaluation task's instruction over its fix: contaminated. Every other library task
+    # shares that fix too (one workspace, one bug), but neither its tests nor its instruction.
+    leaked = next(r for r in verdicts["h-leaked"].reasons if r.rule == "contaminated")
+    assert leaked.other == "eval-0" and {"change", "instruction"} <= set(dict(leaked.evidence))
     assert not any(
-        _rules(v) & {"contaminated", "eval_duplicate"}
+        _rules(v) & {"contaminated", "eval_repository"}
         for k, v in verdicts.items()
         if k != "h-leaked"
     )
+    assert {v.decontamination for v in verdicts.values()} == {"instance"}
 
     # An exact copy under another id, and the evaluation task itself submitted for training.
     copy = shutil.copytree(clean, library / "i-copy")
@@ -189,7 +195,8 @@ def test_duplicates_contamination_and_invalid_tasks(task_root: Path) -> None:
     by_id = {v.task_id: v for v in again}
     assert by_id["a-clean"].admitted
     assert "exact_duplicate" in _rules(by_id["i-copy"])
-    assert "eval_duplicate" in _rules(by_id["eval-0"])
+    assert "contaminated" in _rules(by_id["eval-0"])
+    assert "identical after normalising eval-0" in str(by_id["eval-0"].reasons)
 
 
 def test_difficulty_buckets_and_stratified_sampling() -> None:

@@ -621,9 +621,11 @@ def test_close_leaves_no_mounts_cgroups_or_runtime_dirs(sandbox_root: Path, snap
 
 
 @pytest.mark.timeout(60)
-def test_killed_owner_leaves_orphans_that_the_next_start_up_sweeps(
+def test_orphans_of_an_owner_killed_with_its_supervisor_are_swept_at_the_next_start_up(
     sandbox_root: Path, snapshot: Path
 ) -> None:
+    # The supervisor reclaims a killed owner's sandboxes by itself (tests/adversarial); this is
+    # the backstop for when it is killed too, e.g. by a kill of every process on the host.
     marker = f"adv-orphan-{os.urandom(4).hex()}"
     owner_code = textwrap.dedent(f"""
         import sys
@@ -643,6 +645,9 @@ def test_killed_owner_leaves_orphans_that_the_next_start_up_sweeps(
         started = lambda: any((sandbox_root / "live").glob("*/merged/started"))  # noqa: E731
         assert wait_until(started, 10), "owner never started its command"
         owner_token = f"{owner.pid}.{host.process_start_time(owner.pid)}"
+        supervisors = processes_with(owner_token)
+        assert len(supervisors) == 1, supervisors
+        os.kill(supervisors[0], signal.SIGKILL)
     finally:
         owner.send_signal(signal.SIGKILL)
         owner.wait()

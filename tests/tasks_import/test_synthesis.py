@@ -14,7 +14,7 @@ import pytest
 from project_fixture import LIBRARY, make_project
 
 from tasks_lib import check_task, load_task
-from tasks_lib.curate import CurationSettings, check_task_dir
+from tasks_lib.curate import CurationSettings, check_task_dir, decide
 from tasks_lib.errors import GenerationError
 from tasks_lib.sources.synthesize import (
     OPERATORS,
@@ -171,12 +171,17 @@ def test_real_package_from_pypi(requirement: str, tmp_path: Path) -> None:
     print(report.to_json())
     assert report.tasks_kept >= 1, report.to_json()
     assert report.check_failures == ()
-    # Curation's per-task checks (validity, flakiness over fresh sandboxes and reordered runs,
-    # fix lines in the instruction) on every kept task. Its duplicate step is left out: tasks of
-    # one project share their test suite, which its near-duplicate measure counts as the problem.
+    # Curation on every kept task: the per-task checks (validity, flakiness over fresh
+    # sandboxes and reordered runs, fix lines in the instruction), then the duplicate step: tasks
+    # of one project share its code and test suite, yet each is its own bug and fix.
     settings = CurationSettings(reruns=2, random_order_runs=1)
+    all_checks = []
     for task_dir in report.task_dirs:
         assert check_task(load_task(task_dir)).ok
         assert _leaks(Path(task_dir) / "environment" / "workspace") == []
         checks = check_task_dir(task_dir, settings)
         assert checks.reasons == () and checks.solution_passes, checks.reasons
+        all_checks.append(checks)
+    assert all(v.admitted for v in decide(all_checks, settings)), [
+        v.to_json() for v in decide(all_checks, settings) if not v.admitted
+    ]

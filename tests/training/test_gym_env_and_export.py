@@ -1,11 +1,13 @@
-"""The Gymnasium environment (through Gymnasium's own checker) and the export for external
-trainers."""
+"""The Gymnasium environment (through Gymnasium's own checker), trajectories read back from a real
+store, and the export from the store for external trainers."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -13,13 +15,15 @@ from gymnasium.utils.env_checker import check_env
 
 from rollyard.status import EpisodeStatus
 from sandboxes import Sandbox
+from storage import TrajectoryStore
 from tasks_lib.format.model import Task
-from training.actions import EditFile, RunCommand, Submit, action_to_json
+from training.actions import TOOL_NAMES, EditFile, RunCommand, Submit, action_to_json
 from training.episode import EpisodeConfig, VerdictFlag
-from training.errors import EnvLifecycleError
-from training.export import EXPORT_SCHEMA, export_batch, tool_call_arguments
+from training.errors import EnvLifecycleError, TrainingSettingsError
+from training.export import DATA_FILE, HF_SCHEMA, TRL_SCHEMA, export_store
 from training.gym_env import RollyardEnv
 from training.policy import ChatRecord
+from training.stored import IterationRange, read_trajectories
 from training.trajectory import Step, Trajectory
 
 FIX = EditFile(
@@ -125,12 +129,59 @@ def _trajectory(
     )
 
 
-def test_export_is_a_datasets_ready_parquet(tmp_path: Path) -> None:
-    batch = [_trajectory(0, 1.0), _trajectory(1, 0.0), _trajectory(2, 0.0)]
-    path = export_batch(batch, tmp_path / "out" / "batch.parquet")
-    table = pq.read_table(path)
-    assert table.schema.equals(EXPORT_SCHEMA, check_metadata=False)
-    rows = table.to_pylist()
+def _stored(tmp_path: Path, trajectories: list[Trajectory], *, iteration: int = 2) -> Any:
+    """A real store holding `trajectories`, committed as one shard of (run, iteration)."""
+    store = TrajectoryStore(tmp_path / "store")
+    store.commit_iteration_shard(
+        "run",
+        iteration,
+        0,
+        episodes=[t.to_episode_record() for t in trajectories],
+        steps=[row for t in trajectories for row in t.to_step_records()],
+    )
+    return store
+
+
+def test_trajectories_read_back_from_the_store_equal_what_was_committed(tmp_path: Path) -> None:
+    batch = [
+        _trajectory(0, 1.0),
+        _trajectory(1, 0.0),
+        _trajectory(2, None, EpisodeStatus.INFRA_ERROR),
+    ]
+    stored = read_trajectories(_stored(tmp_path, batch))
+    assert [t.episode_id for t in stored] == [t.episode_id for t in batch]
+    for before, after in zip(batch, stored, strict=True):
+        assert after.history() == before.history()
+        assert (after.status, after.reward, after.passed, after.group_id) == (
+            before.status,
+            before.reward,
+            before.passed,
+            before.group_id,
+        )
+        for stored_step, step in zip(after.steps, before.steps, strict=True):
+            assert isinstance(stored_step.record, ChatRecord)
+            assert isinstance(step.record, ChatRecord)
+            assert stored_step.record.prompt_token_ids == step.record.prompt_token_ids
+            assert stored_step.record.completion_token_ids == step.record.completion_token_ids
+            # the store keeps logprobs as float32
+            assert stored_step.record.completion_logprobs == pytest.approx(
+                step.record.completion_logprobs, abs=1e-6
+            )
+    assert IterationRange.parse("2:3") == IterationRange(2, 3) == IterationRange.parse("2")
+    assert read_trajectories(_stored(tmp_path, batch), iterations=IterationRange(3, None)) == []
+    with pytest.raises(TrainingSettingsError, match="A:B"):
+        IterationRange.parse("two:3")
+
+
+def test_export_from_the_store_loads_with_datasets(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    store = _stored(tmp_path, [_trajectory(0, 1.0), _trajectory(1, 0.0), _trajectory(2, 0.0)])
+    result = export_store(store, tmp_path / "hf", export_format="hf", run_id="run")
+    assert result.rows == 3 and result.path == tmp_path / "hf" / DATA_FILE
+    table = pq.read_table(result.path)
+    assert table.schema.equals(HF_SCHEMA, check_metadata=False)
+    dataset = datasets.load_dataset("parquet", data_files=str(result.path), split="train")
+    rows = list(dataset)
     assert [round(r["advantage"], 3) for r in rows] == [1.414, -0.707, -0.707]
     messages = rows[0]["messages"]
     assert [m["role"] for m in messages] == [
@@ -141,20 +192,65 @@ def test_export_is_a_datasets_ready_parquet(tmp_path: Path) -> None:
         "assistant",
         "tool",
     ]
-    assert tool_call_arguments(messages[4]) == [
-        {"path": "calc.py", "old_text": FIX.old_text, "new_text": FIX.new_text}
-    ]
+    assert messages[1]["content"] == "Fix calc.py"
+    assert json.loads(messages[4]["tool_calls"][0]["function"]["arguments"]) == {
+        "path": "calc.py",
+        "old_text": FIX.old_text,
+        "new_text": FIX.new_text,
+    }
     assert messages[3]["content"] == "1 failed"
+    assert [t["function"]["name"] for t in json.loads(rows[0]["tools"])] == list(TOOL_NAMES)
+    # one entry per language-model turn: the ids and logprobs the rollout stored
+    assert rows[0]["prompt_token_ids"] == [[1, 2], [1, 2]]
     assert rows[0]["completion_token_ids"] == [[5, 6], [5, 6]]
+    assert rows[0]["completion_logprobs"][0] == pytest.approx([-0.1, -0.2], abs=1e-6)
     # no trials here: every action trains with its episode's advantage
     assert all(r["step_advantages"] == [r["advantage"]] * 2 for r in rows)
+    with pytest.raises(TrainingSettingsError, match="not an empty directory"):
+        export_store(store, tmp_path / "hf")
+    with pytest.raises(TrainingSettingsError, match="no committed, non-quarantined"):
+        export_store(store, tmp_path / "none", run_id="other")
+    assert not (tmp_path / "none").exists() and not list(tmp_path.glob(".*partial*"))
 
-    # masked trajectories (an infra failure masks the whole group) only with include_masked
-    failed = [*batch, _trajectory(3, None, EpisodeStatus.INFRA_ERROR)]
-    assert pq.read_table(export_batch(failed, tmp_path / "masked.parquet")).num_rows == 0
-    kept = pq.read_table(export_batch(failed, tmp_path / "all.parquet", include_masked=True))
+
+def test_export_leaves_out_masked_groups_unless_asked(tmp_path: Path) -> None:
+    # an infra failure masks the whole group
+    store = _stored(
+        tmp_path,
+        [
+            _trajectory(0, 1.0),
+            _trajectory(1, 0.0),
+            _trajectory(2, 0.0),
+            _trajectory(3, None, EpisodeStatus.INFRA_ERROR),
+        ],
+    )
+    assert export_store(store, tmp_path / "masked").rows == 0
+    kept = pq.read_table(export_store(store, tmp_path / "all", include_masked=True).path)
     assert kept.num_rows == 4 and kept.column("advantage").null_count == 4
-    assert not list(tmp_path.glob("**/.*.partial"))
+
+
+def test_trl_and_verl_layouts(tmp_path: Path) -> None:
+    store = _stored(tmp_path, [_trajectory(0, 1.0), _trajectory(1, 0.0)])
+    trl = pq.read_table(export_store(store, tmp_path / "trl", export_format="trl").path)
+    assert trl.schema.equals(TRL_SCHEMA, check_metadata=False)
+    row = trl.to_pylist()[0]
+    assert [m["role"] for m in row["prompt"]] == ["system", "user"]
+    assert [m["role"] for m in row["completion"]] == ["assistant", "tool", "assistant", "tool"]
+    assert row["label"] is True and row["reward"] == 1.0
+
+    verl = pq.read_table(export_store(store, tmp_path / "verl", export_format="verl").path)
+    assert verl.column_names == ["data_source", "prompt", "ability", "reward_model", "extra_info"]
+    first = verl.to_pylist()[0]
+    assert first["data_source"] == "rollyard/unknown" and first["ability"] == "agent"
+    assert first["reward_model"]["style"] == "rule"
+    assert json.loads(first["reward_model"]["ground_truth"]) == {
+        "task_id": "calc",
+        "task_version": "1",
+    }
+    assert [m["role"] for m in first["prompt"]] == ["system", "user"]
+    info = first["extra_info"]
+    assert info["split"] == "train" and info["index"] == 0
+    assert info["completion_token_ids"] == [[5, 6], [5, 6]] and len(info["messages"]) == 6
 
 
 def test_export_carries_per_action_trial_credit(tmp_path: Path) -> None:
@@ -166,8 +262,17 @@ def test_export_carries_per_action_trial_credit(tmp_path: Path) -> None:
         make_trajectory(0, 0, 0.0, steps=(_trial(0, kept=True), _trial(1, kept=False))),
         make_trajectory(0, 1, 0.0, steps=(_trial(0, kept=False),)),
     ]
-    rows = pq.read_table(export_batch(batch, tmp_path / "trials.parquet")).to_pylist()
+    store = TrajectoryStore(tmp_path / "store")
+    store.commit_iteration_shard(
+        "run",
+        0,
+        0,
+        episodes=[t.to_episode_record() for t in batch],
+        steps=[row for t in batch for row in t.to_step_records()],
+    )
+    rows = pq.read_table(export_store(store, tmp_path / "trials").path).to_pylist()
     assert [r["advantage"] for r in rows] == [None, None]
     credit = 1.0 - 1.0 / 3.0  # kept, against the mean of the group's three trials
     assert rows[0]["step_advantages"] == pytest.approx([credit, -1.0 / 3.0])
     assert rows[1]["step_advantages"] == pytest.approx([-1.0 / 3.0])
+    assert "try_edit" in [t["function"]["name"] for t in json.loads(rows[0]["tools"])]

@@ -68,6 +68,28 @@ TOOL_SCHEMAS: tuple[dict[str, Any], ...] = (
 """The tools every chat policy is offered, as OpenAI function-tool JSON schemas."""
 assert tuple(schema["function"]["name"] for schema in TOOL_SCHEMAS) == TOOL_NAMES
 
+TRY_EDIT_SCHEMA: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "try_edit",
+        "description": "Replace old_text with new_text in a file, run test_command, and keep the "
+        "edit only if fewer than failing_before tests fail; otherwise put the file back.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "path": {"type": "string"},
+                "old_text": {"type": "string"},
+                "new_text": {"type": "string"},
+                "test_command": {"type": "string"},
+                "failing_before": {"type": "integer"},
+            },
+            "required": ["path", "old_text", "new_text", "test_command", "failing_before"],
+        },
+    },
+}
+"""The built-in policy's trial as a tool schema, for exports of its episodes (chat models are
+not offered it)."""
+
 NO_TOOL_CALL = (
     "Your reply called no tool. Reply with a tool call: run_command, read_file, edit_file, or "
     "submit when the task is done."

@@ -219,6 +219,29 @@ class LocalGenerator:
             raise ModelDirError(f"cannot load a causal LM from {path}: {error}") from error
         return cls(model, tokenizer, name=name or path.name)
 
+    def with_lora_adapter(self, adapter_dir: str | Path, *, name: str) -> LocalGenerator:
+        """A generator for this model with a peft LoRA adapter merged into a copy of its
+        weights (this generator is left as it was). Raises `ModelDirError` when `adapter_dir`
+        is not an adapter of this model."""
+        import copy
+
+        from peft import PeftModel
+
+        path = Path(adapter_dir)
+        if not (path / "adapter_config.json").is_file():
+            raise ModelDirError(
+                f"{path} is not a LoRA adapter directory (no adapter_config.json); give the "
+                "directory peft's save_pretrained wrote"
+            )
+        try:
+            adapted = PeftModel.from_pretrained(copy.deepcopy(self.model), path)
+            merged = adapted.merge_and_unload()
+        except (OSError, ValueError, KeyError, RuntimeError) as error:
+            raise ModelDirError(
+                f"cannot apply the LoRA adapter {path} to {self.name}: {error}"
+            ) from error
+        return LocalGenerator(merged, self.tokenizer, name=name)
+
     # -- prompts --------------------------------------------------------------------------------
 
     def render(
@@ -271,9 +294,9 @@ class LocalGenerator:
         asked = sampling.max_tokens if sampling.max_tokens is not None else max(room, 1)
         if room < 1 or asked > room:
             raise ContextLengthError(
-                f"this model's maximum context length is {self.max_context_tokens} tokens; the "
-                f"request needs {len(ids) + asked} ({len(ids)} in the prompt, {asked} for the "
-                "completion); shorten the messages or lower max_tokens",
+                f"This model's maximum context length is {self.max_context_tokens} tokens. "
+                f"However, the request needs {len(ids) + asked} tokens ({len(ids)} in the "
+                f"prompt, {asked} for the completion). Shorten the messages or lower max_tokens.",
                 len(ids),
                 self.max_context_tokens,
             )
@@ -457,13 +480,10 @@ class BatchingGenerator:
         return future
 
     def close(self) -> None:
-        """Stop the worker after the batch in progress; queued requests fail. Idempotent."""
+        """Finish what is queued, then stop the worker; later `submit`s raise. Idempotent."""
         with self._wakeup:
             self._closed = True
-            pending, self._queue = self._queue, []
             self._wakeup.notify()
-        for _, future in pending:
-            future.set_exception(LanguageModelError("the batching generator was closed"))
         if self._worker is not threading.current_thread():
             self._worker.join()
 
@@ -472,7 +492,7 @@ class BatchingGenerator:
             with self._wakeup:
                 while not self._queue and not self._closed:
                     self._wakeup.wait()
-                if self._closed:
+                if not self._queue:
                     return
                 work = self._queue[: self.max_batch_size]
                 del self._queue[: self.max_batch_size]

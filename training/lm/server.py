@@ -26,10 +26,15 @@ from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from training.errors import ContextLengthError, LanguageModelError, ModelDirError
+from training.errors import (
+    ContextLengthError,
+    LanguageModelError,
+    ModelDirError,
+    ServerRequestError,
+)
 from training.lm.generate import (
     BatchingGenerator,
     Completion,
@@ -112,6 +117,7 @@ class ChatCompletionRequest(_Strict):
 class LoadLoraAdapterRequest(_Strict):
     lora_name: str = Field(min_length=1)
     lora_path: str = Field(min_length=1)
+    load_inplace: bool = False
 
 
 class UnloadLoraAdapterRequest(_Strict):
@@ -119,14 +125,6 @@ class UnloadLoraAdapterRequest(_Strict):
 
 
 # -- errors -------------------------------------------------------------------------------------
-
-
-class _ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(status, message, param)
-        self.status = status
-        self.message = message
-        self.param = param
 
 
 _ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}
@@ -167,20 +165,45 @@ class ServerOptions:
     `--enable-auto-tool-choice --tool-call-parser` (so clients can test that answer)."""
 
 
+@dataclasses.dataclass(slots=True)
+class _ServedModel:
+    generator: LocalGenerator
+    batcher: BatchingGenerator
+    root: str
+    """The base model's name, or the adapter's directory."""
+    parent: str | None
+    """The base model's name, for an adapter."""
+
+
 def create_app(generator: LocalGenerator, options: ServerOptions) -> FastAPI:
-    """The FastAPI app serving `generator` under `options.served_model_name`."""
-    batcher = BatchingGenerator(generator, max_batch_size=options.max_batch_size)
+    """The FastAPI app serving `generator` under `options.served_model_name`, and LoRA adapters
+    of it loaded at run time under their own names (vLLM's adapter endpoints)."""
+    base_name = options.served_model_name
+    served = {
+        base_name: _ServedModel(
+            generator,
+            BatchingGenerator(generator, max_batch_size=options.max_batch_size),
+            root=base_name,
+            parent=None,
+        )
+    }
+    adapters_lock = asyncio.Lock()
+    finished_batch_sizes: list[int] = []
     app = FastAPI(title="rollyard small-scale OpenAI-compatible server")
-    app.state.batcher = batcher
-    app.router.add_event_handler("shutdown", batcher.close)
     created = int(time.time())
+
+    def close_all() -> None:
+        for model in served.values():
+            model.batcher.close()
+
+    app.router.add_event_handler("shutdown", close_all)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
         return _error_response(400, _validation_message(error))
 
-    @app.exception_handler(_ApiError)
-    async def _api_error(request: Request, error: _ApiError) -> JSONResponse:
+    @app.exception_handler(ServerRequestError)
+    async def _api_error(request: Request, error: ServerRequestError) -> JSONResponse:
         return _error_response(error.status, error.message, error.param)
 
     @app.get("/health")
@@ -189,8 +212,11 @@ def create_app(generator: LocalGenerator, options: ServerOptions) -> FastAPI:
 
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
-        """How requests were grouped (not part of the OpenAI API): batches run and their sizes."""
-        sizes = list(batcher.batch_sizes)
+        """How requests were grouped (not part of the OpenAI API): batches run and their sizes,
+        over every model served since the start."""
+        sizes = finished_batch_sizes + [
+            size for model in served.values() for size in model.batcher.batch_sizes
+        ]
         return {
             "batches": len(sizes),
             "generations": sum(sizes),
@@ -203,27 +229,80 @@ def create_app(generator: LocalGenerator, options: ServerOptions) -> FastAPI:
             "object": "list",
             "data": [
                 {
-                    "id": options.served_model_name,
+                    "id": name,
                     "object": "model",
                     "created": created,
                     "owned_by": "rollyard",
-                    "root": options.served_model_name,
-                    "parent": None,
-                    "max_model_len": generator.max_context_tokens,
+                    "root": model.root,
+                    "parent": model.parent,
+                    "max_model_len": model.generator.max_context_tokens,
                 }
+                for name, model in served.items()
             ],
         }
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: ChatCompletionRequest) -> dict[str, Any]:
-        if request.model != options.served_model_name:
-            raise _ApiError(404, f"The model `{request.model}` does not exist.", "model")
-        prompts = _prompts(generator, request, options)
-        futures = [asyncio.wrap_future(batcher.submit(prompt)) for prompt in prompts]
+        model = served.get(request.model)
+        if model is None:
+            raise ServerRequestError(404, f"The model `{request.model}` does not exist.", "model")
+        prompts = _prompts(model.generator, request, options)
+        futures = [asyncio.wrap_future(model.batcher.submit(prompt)) for prompt in prompts]
         completions = await asyncio.gather(*futures)
         if options.extra_latency_ms:
             await asyncio.sleep(options.extra_latency_ms / 1000)
-        return _response(generator, request, options, completions)
+        return _response(model.generator, request, request.model, completions)
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(request: LoadLoraAdapterRequest) -> PlainTextResponse:
+        name = request.lora_name
+        if name == base_name:
+            raise ServerRequestError(
+                400, f"The lora adapter '{name}' conflicts with a served base model.", "lora_name"
+            )
+        async with adapters_lock:
+            if name in served and not request.load_inplace:
+                raise ServerRequestError(
+                    400,
+                    f"The lora adapter '{name}' has already been loaded. If you want to load "
+                    "the adapter in place, set 'load_inplace' to True.",
+                    "lora_name",
+                )
+            if not Path(request.lora_path).is_dir():
+                raise ServerRequestError(
+                    404, f"Loading lora {name} failed: No adapter found for {request.lora_path}"
+                )
+            try:
+                adapted = await asyncio.to_thread(
+                    served[base_name].generator.with_lora_adapter, request.lora_path, name=name
+                )
+            except ModelDirError as error:
+                raise ServerRequestError(400, str(error), "lora_path") from error
+            previous = served.get(name)
+            served[name] = _ServedModel(
+                adapted,
+                BatchingGenerator(adapted, max_batch_size=options.max_batch_size),
+                root=request.lora_path,
+                parent=base_name,
+            )
+            if previous is not None:
+                # Requests already queued on the old weights finish on them.
+                await asyncio.to_thread(previous.batcher.close)
+                finished_batch_sizes.extend(previous.batcher.batch_sizes)
+        return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(request: UnloadLoraAdapterRequest) -> PlainTextResponse:
+        name = request.lora_name
+        async with adapters_lock:
+            if name == base_name or name not in served:
+                raise ServerRequestError(
+                    404, f"The lora adapter '{name}' cannot be found.", "lora_name"
+                )
+            removed = served.pop(name)
+            await asyncio.to_thread(removed.batcher.close)
+            finished_batch_sizes.extend(removed.batcher.batch_sizes)
+        return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
 
     return app
 
@@ -232,24 +311,28 @@ def _prompts(
     generator: LocalGenerator, request: ChatCompletionRequest, options: ServerOptions
 ) -> list[Prompt]:
     if request.stream:
-        raise _ApiError(400, "stream: true is not supported by this server; send stream: false")
+        raise ServerRequestError(
+            400, "stream: true is not supported by this server; send stream: false"
+        )
     if request.stop:
-        raise _ApiError(400, "stop sequences are not supported by this server; leave stop unset")
+        raise ServerRequestError(
+            400, "stop sequences are not supported by this server; leave stop unset"
+        )
     if request.tools and request.tool_choice not in (None, "auto", "none"):
-        raise _ApiError(
+        raise ServerRequestError(
             400,
             "tool_choice 'required' and named tool choices need constrained decoding, which this "
             "server does not do; use tool_choice 'auto' (or leave it unset)",
             "tool_choice",
         )
     if request.tools and request.tool_choice != "none" and not options.enable_auto_tool_choice:
-        raise _ApiError(
+        raise ServerRequestError(
             400,
             '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
             "tool_choice",
         )
     if request.top_logprobs and not request.logprobs:
-        raise _ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+        raise ServerRequestError(400, "top_logprobs needs logprobs: true", "top_logprobs")
     messages = [_template_message(message) for message in request.messages]
     tools = [tool.model_dump(exclude_none=True) for tool in request.tools or ()]
     max_tokens = request.max_completion_tokens or request.max_tokens
@@ -267,9 +350,9 @@ def _prompts(
             )
             prompts.append(generator.prompt(messages, tools or None, sampling))
     except ContextLengthError as error:
-        raise _ApiError(400, str(error), "messages") from error
+        raise ServerRequestError(400, str(error), "messages") from error
     except LanguageModelError as error:
-        raise _ApiError(400, str(error), "messages") from error
+        raise ServerRequestError(400, str(error), "messages") from error
     return prompts
 
 
@@ -293,7 +376,7 @@ def _template_message(message: MessageIn) -> dict[str, Any]:
 def _response(
     generator: LocalGenerator,
     request: ChatCompletionRequest,
-    options: ServerOptions,
+    model_name: str,
     completions: Sequence[Completion],
 ) -> dict[str, Any]:
     parse_tools = bool(request.tools) and request.tool_choice != "none"
@@ -334,7 +417,7 @@ def _response(
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
         "created": int(time.time()),
-        "model": options.served_model_name,
+        "model": model_name,
         "choices": choices,
         "usage": {
             "prompt_tokens": prompt_tokens,

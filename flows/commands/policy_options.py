@@ -1,0 +1,51 @@
+"""The policy options every command that rolls out shares (`train`, `demo`, `evaluate`): the
+policy spec, how many episodes a shard keeps in flight, and a chat policy's sampling."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from flows.cli import positive_int
+from flows.errors import CliError
+from rollyard.errors import EXIT_USAGE
+
+
+def add_policy_options(parser: argparse.ArgumentParser, *, sampling: bool) -> None:
+    """`--policy`, `--max-concurrent-requests` and, with `sampling`, a chat policy's
+    `--temperature`, `--top-p` and `--max-tokens`."""
+    parser.add_argument(
+        "--policy",
+        default="builtin",
+        metavar="SPEC",
+        help="builtin (default), openai:BASE_URL#MODEL (an OpenAI-compatible server: vLLM, "
+        "SGLang; key from OPENAI_API_KEY) or hf:DIR (a local transformers model)",
+    )
+    parser.add_argument(
+        "--max-concurrent-requests",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="episodes each shard keeps in flight, so a model server batches them (default 1)",
+    )
+    if sampling:
+        parser.add_argument("--temperature", type=float, default=1.0)
+        parser.add_argument("--top-p", type=float, default=1.0)
+        parser.add_argument(
+            "--max-tokens",
+            type=positive_int,
+            default=512,
+            help="completion tokens per turn at most (default 512)",
+        )
+
+
+def sampling_from(args: argparse.Namespace) -> Any:
+    """The `ChatSampling` the options name (exit 2 for values outside their ranges)."""
+    from training.lm.conversation import ChatSampling
+
+    try:
+        return ChatSampling(
+            temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens
+        )
+    except ValueError as error:
+        raise CliError(f"--temperature/--top-p: {error}", EXIT_USAGE) from None
