@@ -35,14 +35,15 @@ from tasks_lib.format.model import (
     DEFAULT_TEST_COMMAND,
     DEFAULT_WORKSPACE_DIR,
     DIFFICULTIES,
+    ContainerImage,
     Task,
 )
 from tasks_lib.format.runnable import (
     DOCKER_FIX,
-    LocalImage,
     Refusal,
+    container_reasons,
     image_workspace,
-    read_local_image,
+    read_dockerfile,
     refusals,
 )
 from tasks_lib.format.spec import parse_artifact, parse_rules
@@ -500,10 +501,11 @@ def _load(root: Path) -> Task:
         default_version = package["version"]
     version = _string(check, rollyard, "version", default_version, required=has_table)
     workdir = "/workspace"
+    container = None
     if has_table:
         workspace = _workspace(check, root, rollyard)
     else:
-        workspace, workdir = _image_workspace(check, root, refused)
+        workspace, workdir, container = _image_workspace(check, root, harbor)
     workdir = harbor.environment.workdir or workdir
     test_command = _string(check, rollyard, "test_command", DEFAULT_TEST_COMMAND)
     test_paths = _test_paths(check, test_command)
@@ -653,6 +655,7 @@ def _load(root: Path) -> Task:
         rules=rules,
         harbor=harbor,
         workdir=workdir,
+        container=container,
     )
 
 
@@ -669,7 +672,8 @@ def _rollyard_table(check: _Checker, doc: dict[str, Any]) -> object:
 
 def _absolute_workdir_uses(tests_dir: Path, workdir: str) -> list[Refusal]:
     """Test files (other than test.sh, whose paths are rewritten) that name the image's WORKDIR
-    by its absolute path: the workspace is not mounted there here, so they would fail."""
+    by its absolute path: bwrap mounts the workspace at /workspace only, so they need the task's
+    image, where WORKDIR leads to the workspace."""
     if workdir in ("/", "/workspace") or not tests_dir.is_dir():
         return []
     pattern = re.compile(rf"(?<![\w./-]){re.escape(workdir.rstrip('/'))}\b")
@@ -686,17 +690,32 @@ def _absolute_workdir_uses(tests_dir: Path, workdir: str) -> list[Refusal]:
     return found
 
 
-def _image_workspace(check: _Checker, root: Path, refused: list[Refusal]) -> tuple[Path, str]:
-    """A plain Harbor task's workspace (what its Dockerfile copies to WORKDIR) and WORKDIR."""
+def _image_workspace(
+    check: _Checker, root: Path, harbor: HarborConfig
+) -> tuple[Path, str, ContainerImage | None]:
+    """A plain Harbor task's workspace (what its Dockerfile copies to WORKDIR), its WORKDIR, and
+    its own image when the local environment does not reproduce that Dockerfile."""
     dockerfile = root / "environment" / "Dockerfile"
-    image = read_local_image(dockerfile) if dockerfile.is_file() else None
-    if not isinstance(image, LocalImage):
-        # Refused (or reported missing): the directory only names the task in the report.
-        return root / "environment", "/"
-    refused += _absolute_workdir_uses(root / "tests", image.workdir)
+    if not dockerfile.is_file():
+        return root / "environment", "/", None  # reported missing, or refused (docker_image)
+    reading = read_dockerfile(dockerfile)
+    if reading.broken is not None:
+        # Refused: the directory only names the task in the report.
+        return root / "environment", "/", None
+    image = reading.image
+    reasons = container_reasons(harbor, root)
+    reasons += _absolute_workdir_uses(root / "tests", image.workdir)
+    container = None
+    if reasons:
+        separate = harbor.verifier_mode == "separate" and (root / "tests" / "Dockerfile").is_file()
+        container = ContainerImage(
+            context_dir=root / "environment",
+            verifier_context_dir=root / "tests" if separate else None,
+            reason=f"{reasons[0].field}: {reasons[0].reason}",
+        )
     try:
-        return image_workspace(root / "environment", image), image.workdir
+        return image_workspace(root / "environment", image), image.workdir, container
     except OSError as error:
         check.add("environment/Dockerfile", "-", "-", f"cannot assemble its workspace ({error})",
                   "check the COPY sources and the cache directory")  # fmt: skip
-        return root / "environment", image.workdir
+        return root / "environment", image.workdir, container

@@ -1,13 +1,15 @@
-"""What the local (bwrap) backend can run faithfully, and the reasons it refuses the rest.
+"""Where a task runs faithfully (the local bwrap backend, or its own image on the docker backend),
+and the reasons it is refused when neither can.
 
 A task is refused rather than run and scored when it needs what a no-network, no-GPU, single
 sandbox cannot give: public network or an allowlist proxy, GPUs/TPUs, compose services or MCP
-servers, several steps, a pre-built `docker_image`, Windows. A plain Harbor task (judged by its
-`tests/test.sh`) is also refused when its `environment/Dockerfile` builds anything this machine's
-environment does not already hold: only `FROM` the local Python image, `WORKDIR`, `COPY`/`ADD` of
-context files, harmless `ENV`/metadata lines and `pip install` of requirements the local
-environment satisfies are reproduced. A task that declares rollyard's fields is run by rollyard's
-own verifier in rollyard's environment, and its Dockerfile describes that environment for Harbor.
+servers, several steps, a pre-built `docker_image` from a registry, Windows. A plain Harbor task
+(judged by its `tests/test.sh`) runs on bwrap when its `environment/Dockerfile` builds nothing
+this machine's environment does not already hold: only `FROM` the local Python image, `WORKDIR`,
+`COPY`/`ADD` of context files, harmless `ENV`/metadata lines and `pip install` of requirements
+the local environment satisfies. Any other Dockerfile gives the task its own image, built on the
+docker backend (`container_reasons` says why). A task that declares rollyard's fields is run by
+rollyard's own verifier in rollyard's environment; its Dockerfile describes that for Harbor.
 """
 
 from __future__ import annotations
@@ -70,18 +72,18 @@ class LocalImage:
 def _network(policy: NetworkPolicy, field: str) -> list[Refusal]:
     if policy.mode == "public":
         return [Refusal(field, "the task needs public network (Harbor's default when "
-                        "network_mode is not set); the local backend has none",
+                        "network_mode is not set); no backend here has any",
                         'set network_mode = "no-network" if the task needs no network')]  # fmt: skip
     if policy.mode == "allowlist":
         return [Refusal(field, f"the task needs network to {', '.join(policy.allowed_hosts)}; "
-                        "the local backend proxies no host",
+                        "no backend here proxies a host",
                         "bake what the task downloads into its environment")]  # fmt: skip
     return []
 
 
 def refusals(config: HarborConfig, task_dir: Path, *, runs_test_sh: bool) -> list[Refusal]:
-    """Every reason the local backend cannot run the task at `task_dir` faithfully (empty when it
-    can). `runs_test_sh`: the task is judged by its test.sh, so its image must be reproduced."""
+    """Every reason no backend here runs the task at `task_dir` faithfully (empty when one can).
+    `runs_test_sh`: the task is judged by its test.sh, so its Dockerfile must build."""
     found = _network(config.agent_network_policy, "environment.network_mode (agent)")
     if config.verifier_network_policy != config.agent_network_policy:
         found += _network(config.verifier_network_policy, "verifier.network_mode")
@@ -89,8 +91,8 @@ def refusals(config: HarborConfig, task_dir: Path, *, runs_test_sh: bool) -> lis
         if env is None:
             continue
         if env.gpus or env.gpu_types or env.tpu:
-            found.append(Refusal("environment.gpus", "the task needs GPUs or TPUs; the local "
-                                 "backend has none", "run it where an accelerator is attached"))  # fmt: skip
+            found.append(Refusal("environment.gpus", "the task needs GPUs or TPUs; this machine "
+                                 "has none", "run it where an accelerator is attached"))  # fmt: skip
         if env.os != "linux":
             found.append(Refusal("environment.os", f"the task targets {env.os}",
                                  "only linux tasks run here"))  # fmt: skip
@@ -111,20 +113,39 @@ def refusals(config: HarborConfig, task_dir: Path, *, runs_test_sh: bool) -> lis
                              "verify from the agent's files"))  # fmt: skip
     for compose in ("environment/docker-compose.yaml", "tests/docker-compose.yaml"):
         if (task_dir / compose).is_file():
-            found.append(Refusal(compose, "the task starts compose services", DOCKER_FIX))
+            found.append(Refusal(compose, "the task starts compose services, which no backend "
+                                 "here runs", "start the service from the task's own commands"))  # fmt: skip
     if config.environment.docker_image:
         found.append(Refusal("environment.docker_image", f"the task runs in the pre-built image "
-                             f"{config.environment.docker_image}", DOCKER_FIX))  # fmt: skip
+                             f"{config.environment.docker_image}, and this machine reaches no "
+                             "registry", "write an environment/Dockerfile that builds it (the "
+                             "docker backend builds it on rollyard's base image)"))  # fmt: skip
     if runs_test_sh:
-        if config.verifier_mode == "separate" and (task_dir / "tests" / "Dockerfile").is_file():
-            image = read_local_image(task_dir / "tests" / "Dockerfile")
-            if isinstance(image, Refusal):
-                found.append(image)
-        dockerfile = task_dir / "environment" / "Dockerfile"
-        if dockerfile.is_file():
-            image = read_local_image(dockerfile)
-            if isinstance(image, Refusal):
-                found.append(image)
+        for dockerfile in _dockerfiles(config, task_dir):
+            broken = read_dockerfile(dockerfile).broken
+            if broken is not None:
+                found.append(broken)
+    return found
+
+
+def _dockerfiles(config: HarborConfig, task_dir: Path) -> list[Path]:
+    """The Dockerfiles a plain Harbor task's episodes run in: the agent's and, for a separate
+    verifier, the verifier's own (`tests/Dockerfile`)."""
+    found = [task_dir / "environment" / "Dockerfile"]
+    if config.verifier_mode == "separate":
+        found.append(task_dir / "tests" / "Dockerfile")
+    return [path for path in found if path.is_file()]
+
+
+def container_reasons(config: HarborConfig, task_dir: Path) -> list[Refusal]:
+    """Why a plain Harbor task needs its own image (the docker backend) rather than the local
+    environment: each Dockerfile line the local backend does not reproduce (empty: it runs
+    on bwrap)."""
+    found = []
+    for dockerfile in _dockerfiles(config, task_dir):
+        problem = read_dockerfile(dockerfile).local_problem
+        if problem is not None:
+            found.append(problem)
     return found
 
 
@@ -186,16 +207,37 @@ def _logical_lines(text: str) -> list[tuple[int, str]]:
     return lines
 
 
-def read_local_image(dockerfile: Path) -> LocalImage | Refusal:
-    """The Dockerfile as the local environment reproduces it, or why it cannot."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class DockerfileReading:
+    """What a task's Dockerfile says about its workspace, and whether the local backend can
+    reproduce the image or the task needs its own (the docker backend builds it)."""
+
+    image: LocalImage
+    """The WORKDIR and the COPY/ADD lines into it: the agent's starting workspace either way."""
+    local_problem: Refusal | None
+    """The first line the local environment does not reproduce (None: it reproduces all)."""
+    broken: Refusal | None
+    """A line no backend can build (unreadable, unparsable, no FROM, copies from outside the
+    build context): the task is refused."""
+
+
+def read_dockerfile(dockerfile: Path) -> DockerfileReading:
+    """Read a Harbor task's Dockerfile line by line, past lines the local backend does not
+    reproduce (the docker backend builds those), stopping only at a line nothing can build."""
     where = dockerfile.parent.name + "/" + dockerfile.name
     workdir = "/"
     copies: list[tuple[str, str]] = []
     froms = 0
+    local: list[Refusal] = []
+
+    def reading(broken: Refusal | None = None) -> DockerfileReading:
+        return DockerfileReading(LocalImage(workdir, tuple(copies)), next(iter(local), None),
+                                 broken)  # fmt: skip
+
     try:
         text = dockerfile.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
-        return Refusal(where, f"cannot be read ({error})", "fix the file")
+        return reading(Refusal(where, f"cannot be read ({error})", "fix the file"))
     for number, line in _logical_lines(text):
         field = f"{where}:{number}"
         instruction, _, value = line.strip().partition(" ")
@@ -204,32 +246,35 @@ def read_local_image(dockerfile: Path) -> LocalImage | Refusal:
         try:
             args = json.loads(value) if value.startswith("[") else shlex.split(value)
         except ValueError:
-            return Refusal(field, f"cannot parse {line.strip()[:80]!r}", "fix the line")
+            return reading(Refusal(field, f"cannot parse {line.strip()[:80]!r}", "fix the line"))
         if instruction == "FROM":
             froms += 1
             image = args[0] if args else ""
             if froms > 1 or not LOCAL_IMAGE_PATTERN.match(image):
-                return Refusal(field, f"builds on {image} (the local environment is Python "
-                               f"{LOCAL_PYTHON} on Debian)", DOCKER_FIX)  # fmt: skip
+                local.append(Refusal(field, f"builds on {image} (the local environment is Python "
+                                     f"{LOCAL_PYTHON} on Debian)", DOCKER_FIX))  # fmt: skip
         elif instruction == "WORKDIR":
             workdir = str(PurePosixPath(workdir, args[0] if args else "/"))
         elif instruction in ("COPY", "ADD"):
             if "--from" in line or any("://" in arg for arg in args):
-                return Refusal(field, f"copies from outside the build context: {line[:80]!r}",
-                               DOCKER_FIX)  # fmt: skip
+                local.append(Refusal(field, f"copies from outside the build context: "
+                                     f"{line[:80]!r}", DOCKER_FIX))  # fmt: skip
+                continue
             if len(args) < 2:
-                return Refusal(field, f"cannot parse {line.strip()[:80]!r}", "fix the line")
+                return reading(Refusal(field, f"cannot parse {line.strip()[:80]!r}",
+                                       "fix the line"))  # fmt: skip
             dest = PurePosixPath(workdir, args[-1])
             try:
                 relative = dest.relative_to(workdir)
             except ValueError:
-                return Refusal(field, f"copies to {dest}, outside the WORKDIR {workdir}",
-                               DOCKER_FIX)  # fmt: skip
+                local.append(Refusal(field, f"copies to {dest}, outside the WORKDIR {workdir}",
+                                     DOCKER_FIX))  # fmt: skip
+                continue
             into_dir = args[-1].endswith("/") or len(args) > 2 or args[-1] in (".", "./")
             for source in args[:-1]:
                 if source.startswith("/") or ".." in PurePosixPath(source).parts:
-                    return Refusal(field, f"copies {source}, outside the build context",
-                                   "copy from inside environment/")  # fmt: skip
+                    return reading(Refusal(field, f"copies {source}, outside the build context",
+                                           "copy from inside environment/"))  # fmt: skip
                 target = relative.as_posix()
                 if into_dir and not (dockerfile.parent / source).is_dir():
                     target = (relative / PurePosixPath(source).name).as_posix()
@@ -238,25 +283,33 @@ def read_local_image(dockerfile: Path) -> LocalImage | Refusal:
             names = [arg.split("=", 1)[0] for arg in args] if "=" in value else args[:1]
             unknown = [name for name in names if name not in HARMLESS_ENV]
             if unknown:
-                return Refusal(field, f"sets {', '.join(unknown)}, which the local backend "
-                               "does not reproduce", DOCKER_FIX)  # fmt: skip
+                local.append(Refusal(field, f"sets {', '.join(unknown)}, which the local backend "
+                                     "does not reproduce", DOCKER_FIX))  # fmt: skip
         elif instruction == "RUN":
             for command in re.split(r"&&|;", value):
                 argv = shlex.split(command) if command.strip() else []
                 requirements = _pip_install(argv)
                 if requirements is None:
-                    return Refusal(field, f"runs {command.strip()[:80]!r}, which the local "
-                                   "backend does not reproduce", DOCKER_FIX)  # fmt: skip
-                for requirement in requirements:
-                    problem = _satisfied(requirement)
-                    if problem is not None:
-                        return Refusal(field, problem, DOCKER_FIX)
+                    local.append(Refusal(field, f"runs {command.strip()[:80]!r}, which the local "
+                                         "backend does not reproduce", DOCKER_FIX))  # fmt: skip
+                    break
+                problem = next(filter(None, map(_satisfied, requirements)), None)
+                if problem is not None:
+                    local.append(Refusal(field, problem, DOCKER_FIX))
+                    break
         elif instruction not in IGNORED_INSTRUCTIONS:
-            return Refusal(field, f"uses {instruction}, which the local backend does not "
-                           "reproduce", DOCKER_FIX)  # fmt: skip
+            local.append(Refusal(field, f"uses {instruction}, which the local backend does not "
+                                 "reproduce", DOCKER_FIX))  # fmt: skip
     if froms == 0:
-        return Refusal(where, "has no FROM line", "start it with FROM python:" + LOCAL_PYTHON)
-    return LocalImage(workdir, tuple(copies))
+        return reading(Refusal(where, "has no FROM line",
+                               "start it with FROM python:" + LOCAL_PYTHON))  # fmt: skip
+    return reading()
+
+
+def read_local_image(dockerfile: Path) -> LocalImage | Refusal:
+    """The Dockerfile as the local environment reproduces it, or why it cannot."""
+    found = read_dockerfile(dockerfile)
+    return found.broken or found.local_problem or found.image
 
 
 def cache_root() -> Path:

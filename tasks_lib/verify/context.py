@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rollyard.status import TRAINABLE_STATUSES, EpisodeStatus
-from sandboxes import ExecResult, Sandbox, open_sandbox
+from sandboxes import ExecResult, Sandbox
 from tasks_lib.errors import VerifierSetupError
+from tasks_lib.format.environment import open_task_sandbox
 from tasks_lib.format.model import VERIFIER_DIR, Task
 from tasks_lib.verify.candidate import CandidateChanges
 from tasks_lib.verify.guard import Flag, GuardedChanges, GuardPolicy, guard_changes, policy_for_kind
@@ -168,7 +169,7 @@ class VerifyRun:
     def sandbox(self) -> Iterator[Sandbox]:
         """A fresh sandbox over the pristine snapshot with the guarded changes applied."""
         task = self.task
-        with open_sandbox(task.snapshot_dir, backend=self.backend, limits=task.limits) as sandbox:
+        with open_task_sandbox(task, self.backend, verifier=True) as sandbox:
             self.digest = sandbox.snapshot_digest
             for path, data in self.guarded.files.items():
                 sandbox.write_file(path, data)

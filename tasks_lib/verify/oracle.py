@@ -10,8 +10,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from sandboxes import SandboxError, open_sandbox
+from sandboxes import SandboxError
 from tasks_lib.errors import SolutionError, TaskError
+from tasks_lib.format.environment import open_task_sandbox
 from tasks_lib.format.model import VERIFIER_DIR, Task
 from tasks_lib.verify.candidate import CandidateChanges
 from tasks_lib.verify.context import VerifyResult
@@ -32,7 +33,7 @@ def solution_changes(task: Task, *, backend: str = "bwrap") -> CandidateChanges:
         raise SolutionError(
             f"{script} is missing; add a solve.sh that applies the reference solution"
         )
-    with open_sandbox(task.snapshot_dir, backend=backend, limits=task.limits) as sandbox:
+    with open_task_sandbox(task, backend) as sandbox:
         for dirpath, _dirnames, filenames in os.walk(task.solution_dir):
             for name in filenames:
                 full = Path(dirpath) / name
