@@ -305,7 +305,8 @@ def _swept() -> bool:
 
 class DockerSandbox(Sandbox):
     """A sandbox over `snapshot` in a warm container of `image` (default: the base image), with
-    the snapshot as the task layer at /workspace."""
+    the snapshot as the task layer at /workspace. With an explicit `image`, `snapshot_digest`
+    covers the image as well as the snapshot."""
 
     backend_name = "docker"
 
@@ -320,7 +321,13 @@ class DockerSandbox(Sandbox):
             owner_uid=SANDBOX_UID,
             bounds=TreeBounds.of(limits),
         )
-        super().__init__(Path(snapshot), prepared.digest, limits)
+        digest = prepared.digest
+        if image is not None:
+            # A task's own image is part of where the episode starts: the digest every episode
+            # records covers the image (by id) and the workspace.
+            both = f"{_image_id(self._client, image)}\n{prepared.digest}".encode()
+            digest = DIGEST_PREFIX + hashlib.sha256(both).hexdigest()
+        super().__init__(Path(snapshot), digest, limits)
         self._closed = True  # until fully built
         self._lower = prepared.lower_dir
         self.image = snapshot_image(
@@ -372,7 +379,10 @@ class DockerSandbox(Sandbox):
         container, self._container = self._container, None
         futures = list(self._pending)
         if self._spare is not None:
-            futures.append(_background().submit(_remove_spare, self._spare))
+            try:
+                futures.append(_background().submit(_remove_spare, self._spare))
+            except RuntimeError:  # the interpreter is exiting (a pool closed at exit): no threads
+                _remove_spare(self._spare)
             self._spare = None
         try:
             if container is not None:

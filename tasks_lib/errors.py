@@ -87,8 +87,8 @@ class TaskValidationError(TaskError, ValueError):
 
 
 class TaskRefusedError(TaskValidationError):
-    """The task asks for what the local backend cannot give faithfully (network, GPUs, a Docker
-    image, compose services): it is refused, never run and scored. Its issues say why."""
+    """The task asks for what no backend here gives faithfully (network, GPUs, a registry image,
+    compose services): it is refused, never run and scored. Its issues say why."""
 
     def __str__(self) -> str:
         lines = [f"refused task {self.task_path} ({len(self.issues)} reason(s)):"]
