@@ -1,6 +1,8 @@
 """Real Harbor task directories as users bring them (fixtures/): the ones the local backend can
-run faithfully pass `rollyard tasks check` (oracle 1, untouched 0); the others are refused at load
-and validation with their reason; a test.sh that cannot install its tools is never a 0."""
+run faithfully pass `rollyard tasks check` (oracle 1, untouched 0); the ones whose Dockerfile it
+cannot reproduce run in their own image on the docker backend (tests marked `docker`); the others
+are refused at load, validation and `rollyard train` with their reason; a test.sh that cannot
+install its tools is never a 0."""
 
 from __future__ import annotations
 
@@ -19,10 +21,14 @@ from tasks_lib import TaskRefusedError, load_task, solution_changes, validate_ta
 FIXTURES = Path(__file__).parent / "fixtures"
 RUNNABLE = ("shell-greeting", "python-median", "service-health", "separate-sorter",
             "reward-json-csv")  # fmt: skip
+CONTAINER = {
+    "apt-jq": "environment/Dockerfile:2: runs 'apt-get update'",
+    "separate-bc-verifier": 'environment/Dockerfile:3: runs "printf',
+}
+"""Tasks that bring their own image, and why the local environment does not stand for it."""
 REFUSED = {
     "network-uv-install": "needs public network",
     "needs-gpu": "needs GPUs",
-    "apt-jq": "runs 'apt-get update'",
     "compose-redis": "starts compose services",
 }
 
@@ -108,3 +114,106 @@ def test_fake_zero_test_sh_that_cannot_install_its_tools_is_a_verifier_error(
     failed = {result.expectation: result for result in report.failed}
     assert "infra_error_rate" in failed and report.quarantined
     assert float(failed["infra_error_rate"].observed or "nan") == pytest.approx(8 / len(rows))
+
+
+@pytest.mark.parametrize(("name", "reason"), sorted(CONTAINER.items()))
+def test_task_whose_dockerfile_the_local_environment_lacks_gets_its_own_image(
+    name: str, reason: str
+) -> None:
+    task = load_task(FIXTURES / name)
+    assert task.container is not None and reason in task.container.reason
+    assert task.container.context_dir == FIXTURES / name / "environment"
+    separate = task.harbor.verifier_mode == "separate"
+    assert (task.container.verifier_context_dir is not None) == separate
+    assert task.workdir == "/app" and not validate_task(FIXTURES / name)
+    # What the Dockerfile copies is the workspace; what its RUN lines make comes with the image.
+    assert [p.name for p in task.snapshot_dir.iterdir()] == (["README.txt"] if not separate else [])
+
+
+def test_own_image_without_an_engine_fails_the_check_loudly_never_a_score(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sandboxes.docker import _shared_client
+
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    _shared_client.cache_clear()
+    try:
+        code, summary = _check(FIXTURES / "apt-jq", capsys)
+    finally:
+        _shared_client.cache_clear()
+    assert code != 0 and not summary["ok"] and "solution" not in summary
+    assert "no Docker engine answers" in str(summary["problems"])
+    assert "infra/docker/start-engine.sh" in str(summary["problems"])
+
+
+@pytest.mark.slow
+def test_rollyard_train_runs_the_runnable_fixtures_and_names_the_refused(
+    tmp_path: Path, dask_address: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A short `rollyard train` with the built-in policy over the fixture set (the tasks with
+    their own image are in the docker test below): refused tasks are named with their reason and
+    never run, the fake zero is a verifier_error, every other episode is scored."""
+    tasks = tmp_path / "tasks"
+    for fixture in FIXTURES.iterdir():
+        if fixture.name not in CONTAINER:
+            shutil.copytree(fixture, tasks / fixture.name)
+    store = tmp_path / "store"
+    code = main(["train", "--tasks", str(tasks), "--store", str(store), "--iterations", "1",
+                 "--group-size", "2", "--tasks-per-iteration", "7", "--max-steps", "3",
+                 "--shards", "2", "--dask-address", dask_address])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 0, err[-2000:]
+    for name, reason in REFUSED.items():
+        assert f"refused task {name}: " in err and reason in err
+    rows = TrajectoryStore(store).query("SELECT task_id, status, reward FROM episodes").to_pylist()
+    assert {row["task_id"] for row in rows} == {*RUNNABLE, "fake-zero-tools"}
+    for row in rows:
+        if row["task_id"] == "fake-zero-tools":
+            assert (row["status"], row["reward"]) == ("verifier_error", None)
+        else:
+            assert row["status"] == "ok" and row["reward"] in (0.0, 1.0), row
+
+
+@pytest.fixture(scope="module")
+def engine() -> None:
+    from sandboxes.docker import _image_id, _shared_client, base_image
+    from sandboxes.errors import SandboxUnavailableError
+
+    try:
+        _image_id(_shared_client(), base_image())
+    except SandboxUnavailableError as error:
+        pytest.skip(str(error))
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("name", sorted(CONTAINER))
+def test_own_image_task_passes_the_oracle_check_on_docker(
+    name: str, engine: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, summary = _check(FIXTURES / name, capsys)
+    assert code == 0 and summary["ok"], summary
+    assert summary["solution"] == {"reward": 1.0, "status": "ok", "flags": []}
+    assert summary["untouched"] == {"reward": 0.0, "status": "ok", "flags": []}
+
+
+@pytest.mark.docker
+def test_own_image_is_built_once_and_the_agent_works_in_its_workdir(engine: None) -> None:
+    import time
+
+    from tasks_lib import open_task_sandbox, task_image
+
+    task = load_task(FIXTURES / "separate-bc-verifier")
+    agent_image = task_image(task)
+    started = time.monotonic()
+    assert task_image(task) == agent_image  # cached by content: no rebuild
+    assert time.monotonic() - started < 5.0
+    assert task_image(task, verifier=True) != agent_image
+    with open_task_sandbox(task) as sandbox:
+        shown = sandbox.execute("pwd -P; cat numbers.txt; command -v bc || echo no-bc; id -u")
+        assert shown.stdout.split() == ["/workspace", "17", "25", "no-bc", "1000"]
+        assert sandbox.execute("cat /app/numbers.txt").stdout == "17\n25\n"
+    with open_task_sandbox(task, verifier=True) as sandbox:
+        assert sandbox.execute("command -v bc").stdout.strip() == "/usr/bin/bc"
+        assert sandbox.execute("cat /proc/net/dev | tail -n +3 | cut -d: -f1").stdout.split() == [
+            "lo"
+        ]
