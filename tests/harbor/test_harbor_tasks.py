@@ -217,3 +217,40 @@ def test_own_image_is_built_once_and_the_agent_works_in_its_workdir(engine: None
         assert sandbox.execute("cat /proc/net/dev | tail -n +3 | cut -d: -f1").stdout.split() == [
             "lo"
         ]
+
+
+@pytest.mark.docker
+def test_own_image_holds_the_escape_cases_bwrap_holds(engine: None) -> None:
+    """In a task's own image (its Dockerfile ran apt-get as root at build time), task commands
+    run unprivileged: uid 1000, no capabilities, no network, no writes outside the workspace, no
+    mount or namespace tricks, no engine socket, no host directory mounted."""
+    from tasks_lib import open_task_sandbox
+
+    with open_task_sandbox(load_task(FIXTURES / "apt-jq")) as sandbox:
+
+        def run(command: str) -> tuple[int, str]:
+            result = sandbox.execute(command)
+            return result.exit_code, result.stdout.strip()
+
+        assert run("id -u; grep CapEff /proc/self/status | cut -f2") == (
+            0,
+            "1000\n0000000000000000",
+        )
+        assert run("cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' '") == (0, "lo")
+        assert run("getent hosts deb.debian.org")[0] != 0
+        probe = "import socket; socket.create_connection(('10.0.0.1', 80), timeout=2)"
+        assert "unreachable" in sandbox.execute(["python3", "-c", probe]).stderr
+        for attack in ("touch /etc/x", "touch /usr/bin/jq", "cat /etc/shadow",
+                       "mount -t tmpfs none /mnt", "unshare -r true", "unshare -m true",
+                       "test -e /var/run/docker.sock", "su -c true root </dev/null"):  # fmt: skip
+            assert run(attack)[0] != 0, attack
+        # Mount roots: the image's own tree, kernel filesystems, and the three per-container
+        # files Docker writes (hosts, hostname, resolv.conf); never a host directory.
+        for line in run("cut -d' ' -f4,5 /proc/self/mountinfo")[1].splitlines():
+            root, point = line.split()
+            assert (
+                root in ("/", "/bus", "/fs", "/irq", "/sys", "/null")
+                or root.startswith("/docker/")
+                or point in ("/etc/hosts", "/etc/hostname", "/etc/resolv.conf")
+            ), line
+        assert sandbox.execute("jq -n 1").stdout.strip() == "1"  # the image's tools do run
