@@ -38,7 +38,9 @@ ENVIRONMENT_FAILURES = re.compile(
     r"command not found|Could not resolve host|Temporary failure in name resolution"
     r"|Name or service not known|Network is unreachable|Failed to establish a new connection"
     r"|No matching distribution found|Could not find a version that satisfies"
-    r"|No module named '?pytest|Unable to locate package|Failed to fetch http",
+    r"|No module named '?pytest|Unable to locate package|Failed to fetch http"
+    # A test.sh that installs as root: task commands never run as root (docs/harbor.md).
+    r"|are you root\?|must be (?:run as )?(?:superuser|root)",
     flags=re.IGNORECASE,
 )
 """Lines that say the verifier's environment failed, not the candidate."""

@@ -85,6 +85,19 @@ def test_reward_json_metrics_are_named_and_reward_is_primary() -> None:
     assert untouched.metrics == {"reward": 0.0, "header": 0.0, "rows_matched": 0.0}
 
 
+def test_test_sh_that_installs_as_root_is_a_verifier_error_not_a_zero(tmp_path: Path) -> None:
+    """Task commands never run as root: a test.sh whose apt-get is refused for that, then writes
+    0, judged the environment, not the candidate."""
+    task_dir = Path(shutil.copytree(FIXTURES / "shell-greeting", tmp_path / "task"))
+    (task_dir / "tests/test.sh").write_text(
+        "#!/bin/bash\napt-get install -y bc\nmkdir -p /logs/verifier\n"
+        "echo 0 > /logs/verifier/reward.txt\n"
+    )
+    result = verify(load_task(task_dir))
+    assert (result.status, result.reward) == ("verifier_error", None), result.detail
+    assert "are you root?" in result.detail
+
+
 def test_reward_json_without_a_primary_metric_is_a_verifier_error(tmp_path: Path) -> None:
     task_dir = Path(shutil.copytree(FIXTURES / "shell-greeting", tmp_path / "task"))
     (task_dir / "tests/test.sh").write_text(
