@@ -1,15 +1,20 @@
 """Docker backend figures next to bwrap: a cold `docker run`, opening a sandbox (warm container
-start), a command by exec into the warm container, and a reset.
+start), a command by exec into the warm container, and a reset; then Harbor tasks that bring their
+own image: the image built once against found in the cache, an episode's container start in that
+image, and the verifier's cost per episode against bwrap on the same demo tasks.
 
     eval "$(infra/docker/start-engine.sh)"
-    python benchmarks/docker_backend.py [--runs N]
+    python benchmarks/docker_backend.py [--runs N] [--demo-tasks N]
 
-Prints p50/p90 in milliseconds per backend. Needs root, bubblewrap and a Docker engine.
+Prints p50/p90 in milliseconds per backend. Needs root, bubblewrap and a Docker engine; the
+first image build needs the Debian mirror (apt-get in the task's Dockerfile).
 """
 
 from __future__ import annotations
 
 import argparse
+import secrets
+import shutil
 import statistics
 import sys
 import tempfile
@@ -20,6 +25,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sandboxes import open_sandbox
+
+HARBOR_FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "harbor" / "fixtures"
+OWN_IMAGE_TASK = "apt-jq"
+"""A Harbor task whose Dockerfile installs a Debian package: it runs in its own image."""
 
 
 def timed(
@@ -59,9 +68,56 @@ def measure_backend(backend: str, snapshot: Path, runs: int) -> None:
         line(f"{backend}: reset after 1 s of episode", timed(sandbox.reset, runs, gap_s=1.0))
 
 
+def measure_own_image(scratch: Path, runs: int) -> None:
+    """Build a Harbor task's own image cold (a fresh nonce ahead of its RUN lines, so neither the
+    tag nor Docker's layer cache has it), then ask for it again; start episodes in it."""
+    from tasks_lib import load_task, open_task_sandbox, task_image
+
+    task_dir = Path(shutil.copytree(HARBOR_FIXTURES / OWN_IMAGE_TASK, scratch / OWN_IMAGE_TASK))
+    dockerfile = task_dir / "environment" / "Dockerfile"
+    first, *rest = dockerfile.read_text().splitlines(keepends=True)
+    nonce = f"LABEL rollyard.benchmark.nonce={secrets.token_hex(8)}\n"
+    dockerfile.write_text("".join([first, nonce, *rest]))
+    task = load_task(task_dir)
+    started = time.perf_counter()
+    task_image(task)
+    built_ms = (time.perf_counter() - started) * 1000
+    cached = timed(lambda: task_image(task), runs, warmup=0)
+    print(f"{'own image: first build (apt-get jq)':<40} {built_ms:9.1f} ms", flush=True)
+    line("own image: found in the cache", cached)
+    print(f"{'own image: cached / first build':<40} {statistics.median(cached) / built_ms:9.4f}",
+          flush=True)  # fmt: skip
+    line(
+        "own image: episode start (open + close)",
+        timed(lambda: open_task_sandbox(task).close(), runs),
+    )
+    bwrap_task = load_task(HARBOR_FIXTURES / "shell-greeting")
+    line("bwrap: episode start (open + close)",
+         timed(lambda: open_task_sandbox(bwrap_task).close(), runs))  # fmt: skip
+
+
+def measure_verifier(scratch: Path, count: int) -> None:
+    """The verifier's wall time per episode on each backend, the same demo tasks and candidates
+    (the reference solution, and the untouched workspace), one run each."""
+    from tasks_lib import generate_demo_tasks, load_task, solution_changes, verify
+
+    tasks = [load_task(path) for path in generate_demo_tasks(scratch / "demo", count, seed=11)]
+    candidates = [(task, solution_changes(task)) for task in tasks]
+    for backend in ("bwrap", "docker"):
+        samples = []
+        for task, solved in candidates:
+            for candidate in (solved, None):
+                started = time.perf_counter()
+                verdict = verify(task, candidate, backend=backend)
+                samples.append((time.perf_counter() - started) * 1000)
+                assert verdict.status == "ok", verdict.detail
+        line(f"{backend}: verify one episode ({count} demo tasks)", samples)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--demo-tasks", type=int, default=8)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
         snapshot = Path(tmp) / "snapshot"
@@ -75,6 +131,8 @@ def main() -> int:
                                                  network_mode="none"), args.runs))  # fmt: skip
         for backend in ("bwrap", "docker"):
             measure_backend(backend, snapshot, args.runs)
+        measure_own_image(Path(tmp), args.runs)
+        measure_verifier(Path(tmp), args.demo_tasks)
     return 0
 
 

@@ -29,18 +29,28 @@ BACKENDS = ("bwrap", "docker")
 
 
 def open_sandbox(
-    snapshot: str | Path, *, backend: str = "bwrap", limits: Limits | None = None
+    snapshot: str | Path,
+    *,
+    backend: str = "bwrap",
+    limits: Limits | None = None,
+    image: str | None = None,
 ) -> Sandbox:
-    """Open a sandbox over `snapshot` (a directory: the task's initial workspace)."""
+    """Open a sandbox over `snapshot` (a directory: the task's initial workspace); `image` (docker
+    only) is the image the workspace is layered on, the base image by default."""
     limits = limits or Limits()
     if backend == "bwrap":
         from sandboxes.bwrap import BwrapSandbox
 
+        if image is not None:
+            raise UnknownBackendError(
+                f"the bwrap backend runs on this machine's own environment, not image {image!r}; "
+                "open it with backend='docker'"
+            )
         return BwrapSandbox(Path(snapshot), limits=limits)
     if backend == "docker":
         from sandboxes.docker import DockerSandbox
 
-        return DockerSandbox(Path(snapshot), limits=limits)
+        return DockerSandbox(Path(snapshot), limits=limits, image=image)
     raise UnknownBackendError(
         f"unknown sandbox backend {backend!r}; choose one of {', '.join(BACKENDS)}"
     )

@@ -22,6 +22,7 @@ import io
 import os
 import posixpath
 import secrets
+import shlex
 import signal
 import tarfile
 import threading
@@ -129,6 +130,8 @@ def build_layer(
     context_dir: Path | None = None,
     *,
     kind: str = "family",
+    network: bool = False,
+    timeout_s: float = 600.0,
     client: Any = None,
 ) -> str:
     """Build (or reuse) an image from `dockerfile` on top of `parent`; returns its tag.
@@ -136,7 +139,8 @@ def build_layer(
     The Dockerfile's first `FROM` is replaced by `parent`, so Harbor task Dockerfiles that name a
     registry image build offline on the local base. The tag is `rollyard/<kind>:<hash>` where the
     hash covers the parent's image id, the Dockerfile text and the context's content digest.
-    Builds run without network.
+    Builds run without network unless `network` (the host's, for a task Dockerfile's apt-get and
+    pip: Debian mirrors and PyPI are what the host reaches); containers never have any.
     """
     client = client or _shared_client()
     parent_id = _image_id(client, parent)
@@ -166,19 +170,42 @@ def build_layer(
     try:
         client.images.build(
             fileobj=buffer, custom_context=True, dockerfile=".rollyard.Dockerfile", tag=tag,
-            network_mode="none", rm=True, forcerm=True, labels={KEY_LABEL: key},
+            network_mode="host" if network else "none", rm=True, forcerm=True,
+            labels={KEY_LABEL: key}, timeout=timeout_s,
         )  # fmt: skip
     except Exception as error:
         raise SandboxSetupError(f"building the {kind} image on {parent} failed: {error}") from error
     return tag
 
 
-def harbor_task_image(environment_dir: Path, *, base: str | None = None, client: Any = None) -> str:
-    """The image of a Harbor task that needs its Dockerfile (`environment/Dockerfile`), built on
-    the local base image."""
+def harbor_task_image(
+    environment_dir: Path,
+    workdir: str = WORKSPACE_MOUNT,
+    *,
+    base: str | None = None,
+    build_timeout_s: float = 600.0,
+    client: Any = None,
+) -> str:
+    """The image of a Harbor task that brings its own (`environment/Dockerfile`), built once per
+    content digest on the local base image (its `RUN` lines reach the host's network), with the
+    image's WORKDIR leading to the workspace: the agent and the verifier work in the WORKDIR the
+    task names, and the sandbox sees their changes under /workspace."""
     dockerfile = (environment_dir / "Dockerfile").read_text(encoding="utf-8")
-    return build_layer(base or base_image(), dockerfile, environment_dir, kind="task-env",
-                       client=client)  # fmt: skip
+    image = build_layer(base or base_image(), dockerfile, environment_dir, kind="task-env",
+                        network=True, timeout_s=build_timeout_s, client=client)  # fmt: skip
+    workdir = posixpath.normpath(workdir)
+    if workdir in ("/", WORKSPACE_MOUNT):
+        return image
+    quoted = shlex.quote(workdir)
+    # What the Dockerfile left in WORKDIR (files its RUN lines made too) moves to the workspace.
+    relocate = (
+        "FROM parent\nUSER root\n"
+        f"RUN mkdir -p {WORKSPACE_MOUNT} && if [ -d {quoted} ] && [ ! -L {quoted} ]; then "
+        f"cp -a {quoted}/. {WORKSPACE_MOUNT}/ && rm -rf {quoted}; fi && "
+        f'mkdir -p "$(dirname {quoted})" && ln -sfn {WORKSPACE_MOUNT} {quoted}\n'
+        f"WORKDIR {WORKSPACE_MOUNT}\n"
+    )
+    return build_layer(image, relocate, kind="task-env", client=client)
 
 
 def _tar_tree(root: Path, arc_root: str) -> io.BytesIO:
@@ -278,7 +305,8 @@ def _swept() -> bool:
 
 class DockerSandbox(Sandbox):
     """A sandbox over `snapshot` in a warm container of `image` (default: the base image), with
-    the snapshot as the task layer at /workspace."""
+    the snapshot as the task layer at /workspace. With an explicit `image`, `snapshot_digest`
+    covers the image as well as the snapshot."""
 
     backend_name = "docker"
 
@@ -293,7 +321,13 @@ class DockerSandbox(Sandbox):
             owner_uid=SANDBOX_UID,
             bounds=TreeBounds.of(limits),
         )
-        super().__init__(Path(snapshot), prepared.digest, limits)
+        digest = prepared.digest
+        if image is not None:
+            # A task's own image is part of where the episode starts: the digest every episode
+            # records covers the image (by id) and the workspace.
+            both = f"{_image_id(self._client, image)}\n{prepared.digest}".encode()
+            digest = DIGEST_PREFIX + hashlib.sha256(both).hexdigest()
+        super().__init__(Path(snapshot), digest, limits)
         self._closed = True  # until fully built
         self._lower = prepared.lower_dir
         self.image = snapshot_image(
@@ -345,7 +379,10 @@ class DockerSandbox(Sandbox):
         container, self._container = self._container, None
         futures = list(self._pending)
         if self._spare is not None:
-            futures.append(_background().submit(_remove_spare, self._spare))
+            try:
+                futures.append(_background().submit(_remove_spare, self._spare))
+            except RuntimeError:  # the interpreter is exiting (a pool closed at exit): no threads
+                _remove_spare(self._spare)
             self._spare = None
         try:
             if container is not None:

@@ -23,7 +23,8 @@ class SandboxUnavailableError(SandboxError):
 
 
 class UnknownBackendError(SandboxError, ValueError):
-    """A sandbox backend name that is none of `sandboxes.BACKENDS`."""
+    """A sandbox backend name that is none of `sandboxes.BACKENDS`, or a backend asked for what
+    it does not do (an image on bwrap)."""
 
     exit_code = EXIT_USAGE
 

@@ -17,20 +17,23 @@ from pathlib import Path
 from sandboxes.base import Limits, Sandbox
 from sandboxes.errors import SandboxClosedError, SandboxError
 
-SandboxFactory = Callable[[Path, Limits], Sandbox]
+SandboxFactory = Callable[[Path, Limits, "str | None"], Sandbox]
+"""Opens a sandbox over a snapshot with limits, on an image (the docker backend) or not (None)."""
 
 
-def _open_default(snapshot: Path, limits: Limits) -> Sandbox:
+def _open_default(snapshot: Path, limits: Limits, image: str | None) -> Sandbox:
     from sandboxes import open_sandbox
 
-    return open_sandbox(snapshot, limits=limits)
+    return open_sandbox(snapshot, limits=limits, image=image,
+                        backend="bwrap" if image is None else "docker")  # fmt: skip
 
 
-PoolKey = tuple[Path, Limits]
+PoolKey = tuple[Path, Limits, "str | None"]
 
 
 class SandboxPool:
-    """Thread-safe pool of idle, reset sandboxes keyed by snapshot directory and limits.
+    """Thread-safe pool of idle, reset sandboxes keyed by snapshot directory, limits and image (a
+    task's own image puts it on the docker backend).
 
     `max_idle_per_snapshot` bounds what is kept warm; beyond it returned sandboxes are closed.
     """
@@ -48,17 +51,28 @@ class SandboxPool:
         self.max_idle_per_snapshot = max_idle_per_snapshot
         self._factory = factory
         self._idle: defaultdict[PoolKey, list[Sandbox]] = defaultdict(list)
+        self._keys: dict[int, PoolKey] = {}
+        """The key of every sandbox this pool opened and has not closed, by `id()`."""
         self._lock = threading.Lock()
         self._closed = False
         self.opened = 0
         """Sandboxes this pool has opened (a measure of how often warm ones were missing)."""
 
-    def _key(self, snapshot: str | Path, limits: Limits | None) -> PoolKey:
-        return Path(snapshot).resolve(), limits or self.limits
+    def _key(
+        self, snapshot: str | Path, limits: Limits | None, image: str | None = None
+    ) -> PoolKey:
+        return Path(snapshot).resolve(), limits or self.limits, image
 
-    def prewarm(self, snapshot: str | Path, count: int, *, limits: Limits | None = None) -> None:
+    def prewarm(
+        self,
+        snapshot: str | Path,
+        count: int,
+        *,
+        limits: Limits | None = None,
+        image: str | None = None,
+    ) -> None:
         """Open sandboxes over `snapshot` until `count` are idle."""
-        key = self._key(snapshot, limits)
+        key = self._key(snapshot, limits, image)
         while True:
             with self._lock:
                 self._check_open()
@@ -72,13 +86,17 @@ class SandboxPool:
         sandbox = self._factory(*key)
         with self._lock:
             self.opened += 1
+            self._keys[id(sandbox)] = key
         return sandbox
 
-    def take(self, snapshot: str | Path, *, limits: Limits | None = None) -> Sandbox:
+    def take(
+        self, snapshot: str | Path, *, limits: Limits | None = None, image: str | None = None
+    ) -> Sandbox:
         """An idle sandbox over `snapshot` (or a new one); give it back with `give_back`.
 
-        `limits` defaults to the pool's; sandboxes with other limits are pooled apart."""
-        key = self._key(snapshot, limits)
+        `limits` defaults to the pool's; sandboxes with other limits or another `image` (the
+        docker backend's; None: bwrap) are pooled apart."""
+        key = self._key(snapshot, limits, image)
         with self._lock:
             self._check_open()
             idle = self._idle[key]
@@ -89,8 +107,11 @@ class SandboxPool:
     def give_back(self, sandbox: Sandbox, *, broken: bool = False) -> None:
         """Reset and keep `sandbox` warm, or close it if it is broken or the pool is full."""
         if sandbox.closed:
+            with self._lock:
+                self._keys.pop(id(sandbox), None)
             return
-        key = self._key(sandbox.snapshot, sandbox.limits)
+        with self._lock:
+            key = self._keys.get(id(sandbox)) or self._key(sandbox.snapshot, sandbox.limits)
         if not broken:
             try:
                 sandbox.reset()
@@ -102,15 +123,18 @@ class SandboxPool:
             if keep:
                 self._idle[key].append(sandbox)
                 return
+            self._keys.pop(id(sandbox), None)
         sandbox.close()
 
     @contextlib.contextmanager
-    def acquire(self, snapshot: str | Path, *, limits: Limits | None = None) -> Iterator[Sandbox]:
+    def acquire(
+        self, snapshot: str | Path, *, limits: Limits | None = None, image: str | None = None
+    ) -> Iterator[Sandbox]:
         """`with pool.acquire(snapshot) as sb:` — a reset sandbox, returned reset afterwards.
 
         A `SandboxError` escaping the block marks the sandbox broken: it is closed, not reused.
         """
-        sandbox = self.take(snapshot, limits=limits)
+        sandbox = self.take(snapshot, limits=limits, image=image)
         broken = False
         try:
             yield sandbox
@@ -121,12 +145,16 @@ class SandboxPool:
             self.give_back(sandbox, broken=broken)
 
     def idle_count(
-        self, snapshot: str | Path | None = None, *, limits: Limits | None = None
+        self,
+        snapshot: str | Path | None = None,
+        *,
+        limits: Limits | None = None,
+        image: str | None = None,
     ) -> int:
         with self._lock:
             if snapshot is None:
                 return sum(len(v) for v in self._idle.values())
-            return len(self._idle.get(self._key(snapshot, limits), []))
+            return len(self._idle.get(self._key(snapshot, limits, image), []))
 
     def close(self) -> None:
         """Close every idle sandbox; sandboxes still out are closed when given back."""
@@ -134,6 +162,8 @@ class SandboxPool:
             self._closed = True
             idle = [sb for sandboxes in self._idle.values() for sb in sandboxes]
             self._idle.clear()
+            for sandbox in idle:
+                self._keys.pop(id(sandbox), None)
         errors = []
         for sandbox in idle:
             try:

@@ -13,7 +13,7 @@ Each part imports only the parts listed above it (and `errors`), and only their 
 
     from tasks_lib import CandidateChanges, load_task, verify
     task = load_task("tasks/demo-0-0000")
-    with open_sandbox(task.snapshot_dir, limits=task.limits) as sandbox:
+    with open_task_sandbox(task) as sandbox:  # its own image on docker when it brings one
         ...  # the agent works here
         result = verify(task, CandidateChanges.from_sandbox(sandbox))
 """
@@ -24,10 +24,18 @@ from tasks_lib.errors import (
     SolutionError,
     TaskError,
     TaskNotFoundError,
+    TaskRefusedError,
     TaskValidationError,
     ValidationIssue,
 )
-from tasks_lib.format import Task, find_task_dirs, load_task, validate_task
+from tasks_lib.format import (
+    Task,
+    find_task_dirs,
+    load_task,
+    open_task_sandbox,
+    task_image,
+    validate_task,
+)
 from tasks_lib.sources.families.demo import generate_demo_tasks
 from tasks_lib.verify import (
     RULES,
@@ -54,6 +62,7 @@ __all__ = [
     "Task",
     "TaskError",
     "TaskNotFoundError",
+    "TaskRefusedError",
     "TaskValidationError",
     "ValidationIssue",
     "VerifyResult",
@@ -62,7 +71,9 @@ __all__ = [
     "find_task_dirs",
     "generate_demo_tasks",
     "load_task",
+    "open_task_sandbox",
     "solution_changes",
+    "task_image",
     "validate_task",
     "verify",
 ]

@@ -86,6 +86,16 @@ class TaskValidationError(TaskError, ValueError):
         return "\n".join(lines)
 
 
+class TaskRefusedError(TaskValidationError):
+    """The task asks for what no backend here gives faithfully (network, GPUs, a registry image,
+    compose services): it is refused, never run and scored. Its issues say why."""
+
+    def __str__(self) -> str:
+        lines = [f"refused task {self.task_path} ({len(self.issues)} reason(s)):"]
+        lines += [f"  {issue}" for issue in self.issues]
+        return "\n".join(lines)
+
+
 class CandidateError(TaskError, ValueError):
     """A candidate (a directory or an agent's sandbox) cannot be read as changes to a workspace."""
 

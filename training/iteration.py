@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from storage import CommitError, StoreError, TrajectoryStore
+from tasks_lib.errors import TaskError, TaskRefusedError
 from tasks_lib.format.finder import tasks_in
+from tasks_lib.format.loader import load_task
 from training.errors import TrainingSettingsError
 from training.lm.spec import PolicySpec, check_model_dir, check_policy_spec, parse_policy_spec
 from training.policy import ChatRecord
@@ -29,6 +32,7 @@ if TYPE_CHECKING:
     from training.lm.conversation import ChatSampling
     from training.lm.trainer import LMTrainerConfig
 
+LOGGER = logging.getLogger(__name__)
 ITERATION_DONE_SOURCE = "train_flow"
 """The `metrics.source` whose row marks an iteration as done."""
 
@@ -52,8 +56,37 @@ class IterationSummary:
     stale_dropped: int = 0
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class RefusedTask:
+    """A task directory left out of a run: no backend here runs it faithfully."""
+
+    path: Path
+    reason: str
+    """The first reason, with its fix (`TaskRefusedError`'s issues)."""
+
+
+def split_refused(task_dirs: Sequence[Path]) -> tuple[list[Path], list[RefusedTask]]:
+    """The task directories a run may use, and the refused ones with their reason. Other load
+    problems are not decided here: they surface where the task is used, as before."""
+    runnable: list[Path] = []
+    refused: list[RefusedTask] = []
+    for path in task_dirs:
+        try:
+            load_task(path)
+        except TaskRefusedError as error:
+            first = error.issues[0] if error.issues else None
+            reason = f"{first.field}: {first.message}; {first.fix}" if first else str(error)
+            refused.append(RefusedTask(path, reason))
+            continue
+        except TaskError:
+            pass
+        runnable.append(path)
+    return runnable, refused
+
+
 def task_dirs_in(tasks_dir: str | Path) -> list[Path]:
-    """The task directories (those holding a task.toml) directly under `tasks_dir`."""
+    """The task directories (those holding a task.toml) directly under `tasks_dir`, refused ones
+    left out (each logged with its reason)."""
     root = Path(tasks_dir)
     dirs = tasks_in(root)
     if not dirs:
@@ -61,7 +94,15 @@ def task_dirs_in(tasks_dir: str | Path) -> list[Path]:
             f"no task directories (with a task.toml) in {root}; generate some first "
             "(rollyard tasks demo --out DIR)"
         )
-    return dirs
+    runnable, refused = split_refused(dirs)
+    for task in refused:
+        LOGGER.warning("refused task %s: %s", task.path.name, task.reason)
+    if not runnable:
+        raise TrainingSettingsError(
+            f"every task in {root} is refused ({refused[0].path.name}: {refused[0].reason}); "
+            "run tasks a backend here can run faithfully (rollyard tasks check DIR says why)"
+        )
+    return runnable
 
 
 def completed_iterations(store: TrajectoryStore, run_id: str) -> list[int]:

@@ -33,6 +33,7 @@ from sandboxes import (
     SandboxPool,
     WorkspaceDiff,
 )
+from tasks_lib.format.environment import task_image
 from tasks_lib.format.model import Task
 from training.actions import History
 from training.episode import EpisodeConfig, run_episode
@@ -248,7 +249,7 @@ def run_episode_with_recovery(
         attempt_key = dataclasses.replace(key, attempt=attempt)
         fault = faults.fault_for(attempt_key.episode_id(task.id), attempt) if faults else None
         acting: Policy = ReplayPolicy(prefix, policy) if prefix else policy
-        sandbox = pool.take(task.snapshot_dir, limits=task.limits)
+        sandbox = pool.take(task.snapshot_dir, limits=task.limits, image=task_image(task))
         broken = True
         try:
             target: Sandbox = sandbox

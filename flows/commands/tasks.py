@@ -117,7 +117,8 @@ def checkout_command(args: argparse.Namespace) -> int:
 def _declared_id(path: Path) -> str:
     try:
         doc = tomllib.loads((path / "task.toml").read_text(encoding="utf-8"))
-        task_id = doc.get("rollyard", {}).get("id")
+        table = doc.get("metadata", {}).get("rollyard") or doc.get("rollyard", {})
+        task_id = table.get("id")
         if isinstance(task_id, str):
             return task_id
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError, AttributeError):

@@ -251,6 +251,7 @@ def train_command(args: argparse.Namespace) -> int:
     if not tasks_dir.is_dir():
         raise CliError(f"--tasks {tasks_dir} is not a directory", EXIT_USAGE)
     _check_policy(args)
+    _print_refused(tasks_dir)
     settings = _settings(args, tasks_dir)
     try:
         summaries = _run_with_progress(settings, args)
@@ -258,6 +259,17 @@ def train_command(args: argparse.Namespace) -> int:
         raise CliError(str(error), EXIT_USAGE) from error
     _print_summary(summaries)
     return 0
+
+
+def _print_refused(tasks_dir: Path) -> None:
+    """Name each task the run leaves out because no backend here runs it faithfully."""
+    import sys
+
+    from tasks_lib.format import tasks_in
+    from training.iteration import split_refused
+
+    for task in split_refused(tasks_in(tasks_dir))[1]:
+        print(f"refused task {task.path.name}: {task.reason}", file=sys.stderr, flush=True)
 
 
 def demo_command(args: argparse.Namespace) -> int:

@@ -1,12 +1,17 @@
-"""The task format: a Harbor task directory and rollyard's `[rollyard]` table in its task.toml.
+"""The task format: a Harbor task directory, its task.toml read by Harbor's task model, and
+rollyard's `[metadata.rollyard]` table in it.
 
-model.py   the loaded `Task` and the protected-path groups
-loader.py  load and validate a task directory (every problem names file, field, value, fix)
+model.py     the loaded `Task` and the protected-path groups
+harbor.py    Harbor's task model (environment, agent, verifier, network), field for field
+runnable.py  where a task runs faithfully (bwrap, or its own image), and the refusals of the rest
+loader.py    load and validate a task directory (every problem names file, field, value, fix)
+environment.py  where a task runs: bwrap over its workspace, or its own image on docker
 spec.py    the `[rollyard.artifact]` and `[rollyard.rules]` tables of those verifier kinds
 globs.py   path globs for protected paths
 finder.py  the one rule for what counts as a task directory
 """
 
+from tasks_lib.format.environment import open_task_sandbox, task_image
 from tasks_lib.format.finder import find_task_dirs, is_task_dir, tasks_in
 from tasks_lib.format.loader import load_task, validate_task
 from tasks_lib.format.model import Task, VerifierKind
@@ -17,6 +22,8 @@ __all__ = [
     "find_task_dirs",
     "is_task_dir",
     "load_task",
+    "open_task_sandbox",
+    "task_image",
     "tasks_in",
     "validate_task",
 ]

@@ -1,9 +1,12 @@
 """Load and validate Harbor task directories; every problem names the file, field, value and fix.
 
 A Harbor task directory holds `instruction.md`, `task.toml`, `environment/` (a Dockerfile and the
-files it copies), `tests/test.sh` (+ test files; writes `/logs/verifier/reward.txt`) and
-`solution/solve.sh`. rollyard's fields live in the `[rollyard]` table of `task.toml`; a task
-without that table still loads and is scored from its `reward.txt`.
+files it copies), `tests/test.sh` (+ test files; writes `/logs/verifier/reward.txt` or
+`reward.json`) and `solution/solve.sh`. task.toml is read by Harbor's task model
+(`format/harbor.py`); rollyard's fields live in its `[metadata.rollyard]` table (the older
+top-level `[rollyard]` table is still read). A task without them is a plain Harbor task: its
+workspace is what its Dockerfile copies to WORKDIR, and it is scored from its reward file. A task
+the local backend cannot run faithfully is refused with the reason (`format/runnable.py`).
 """
 
 from __future__ import annotations
@@ -19,14 +22,29 @@ from pathlib import Path
 from typing import Any
 
 from sandboxes import Limits
-from tasks_lib.errors import TaskNotFoundError, TaskValidationError, ValidationIssue
+from tasks_lib.errors import (
+    TaskNotFoundError,
+    TaskRefusedError,
+    TaskValidationError,
+    ValidationIssue,
+)
+from tasks_lib.format.harbor import HarborConfig, parse_harbor_config
 from tasks_lib.format.model import (
     DECLARED_KINDS,
     DEFAULT_HIDDEN_DIR,
     DEFAULT_TEST_COMMAND,
     DEFAULT_WORKSPACE_DIR,
     DIFFICULTIES,
+    ContainerImage,
     Task,
+)
+from tasks_lib.format.runnable import (
+    DOCKER_FIX,
+    Refusal,
+    container_reasons,
+    image_workspace,
+    read_dockerfile,
+    refusals,
 )
 from tasks_lib.format.spec import parse_artifact, parse_rules
 
@@ -272,12 +290,14 @@ def _test_paths(check: _Checker, command: str) -> tuple[str, ...]:
 
 
 def _limits(
-    check: _Checker, doc: dict[str, Any], rollyard: dict[str, Any]
+    check: _Checker, doc: dict[str, Any], rollyard: dict[str, Any], harbor: HarborConfig
 ) -> tuple[Limits, float, float]:
     defaults = Limits()
     values: dict[str, float] = {}
     agent_timeout_s = 600.0
-    verify_timeout_s = 120.0
+    # Harbor's verifier default (600 s) for a task that says nothing; rollyard's own tasks always
+    # write theirs.
+    verify_timeout_s = harbor.verifier_timeout_s if not rollyard else 120.0
     # Harbor's own sections first, so a plain Harbor task keeps its resources; [rollyard.limits]
     # overrides them.
     environment = doc.get("environment", {})
@@ -359,13 +379,16 @@ def _harbor_layout(check: _Checker, root: Path) -> tuple[str, dict[str, Any]]:
             "is missing",
             "add environment/ with a Dockerfile and the workspace files it copies",
         )
-    elif not (root / "environment" / "Dockerfile").is_file():
+    elif not (root / "environment" / "Dockerfile").is_file() and not (
+        isinstance(doc.get("environment"), dict) and doc["environment"].get("docker_image")
+    ):
         check.add(
             "environment/Dockerfile",
             "-",
             _MISSING,
             "is missing",
-            "add a Dockerfile that copies the workspace (Harbor builds the image from it)",
+            "add a Dockerfile that copies the workspace (Harbor builds the image from it), "
+            "or set [environment] docker_image",
         )
     if not (root / "tests" / "test.sh").is_file():
         check.add(
@@ -434,16 +457,16 @@ def _load(root: Path) -> Task:
     root = root.resolve()
     check = _Checker()
     instruction, doc = _harbor_layout(check, root)
-    rollyard_raw = doc.get("rollyard", _MISSING)
+    rollyard_raw = _rollyard_table(check, doc)
     has_table = rollyard_raw is not _MISSING
     rollyard: dict[str, Any] = {}
     if has_table and not isinstance(rollyard_raw, dict):
         check.add(
             "task.toml",
-            "rollyard",
+            "metadata.rollyard",
             rollyard_raw,
             "must be a table",
-            "write the fields under a [rollyard] header",
+            "write the fields under a [metadata.rollyard] header",
         )
     elif has_table:
         assert isinstance(rollyard_raw, dict)
@@ -457,6 +480,11 @@ def _load(root: Path) -> Task:
                 "is not a known field",
                 f"remove it or use one of {', '.join(ROLLYARD_FIELDS)}",
             )
+    # A task written for rollyard means no network when it names none; Harbor's default is public.
+    harbor = parse_harbor_config(
+        check, doc, default_network="no-network" if has_table else "public"
+    )
+    refused = refusals(harbor, root, runs_test_sh=not has_table)
 
     task_id = _string(check, rollyard, "id", root.name, required=has_table)
     if not ID_PATTERN.match(task_id):
@@ -467,9 +495,18 @@ def _load(root: Path) -> Task:
             "is not a valid task id",
             "use letters, digits, '.', '_' and '-' (at most 128 characters)",
         )
-    default_version = str(doc.get("version", "1")) if not has_table else "1"
+    default_version = "1"
+    package = doc.get("task")
+    if not has_table and isinstance(package, dict) and isinstance(package.get("version"), str):
+        default_version = package["version"]
     version = _string(check, rollyard, "version", default_version, required=has_table)
-    workspace = _workspace(check, root, rollyard)
+    workdir = "/workspace"
+    container = None
+    if has_table:
+        workspace = _workspace(check, root, rollyard)
+    else:
+        workspace, workdir, container = _image_workspace(check, root, harbor)
+    workdir = harbor.environment.workdir or workdir
     test_command = _string(check, rollyard, "test_command", DEFAULT_TEST_COMMAND)
     test_paths = _test_paths(check, test_command)
 
@@ -582,12 +619,17 @@ def _load(root: Path) -> Task:
             "is not a known difficulty",
             f"use one of {', '.join(DIFFICULTIES)}",
         )
-    limits, agent_timeout_s, verify_timeout_s = _limits(check, doc, rollyard)
+    limits, agent_timeout_s, verify_timeout_s = _limits(check, doc, rollyard, harbor)
     family = _string(check, rollyard, "family", "harbor")
     source = _string(check, rollyard, "source", str(root.name))
 
+    for refusal in refused:
+        check.add(refusal.field.split(":")[0] if "/" in refusal.field else "task.toml",
+                  refusal.field, "-", f"cannot run faithfully here: {refusal.reason}",
+                  refusal.fix)  # fmt: skip
     if check.issues:
-        raise TaskValidationError(str(root), tuple(check.issues))
+        error = TaskRefusedError if refused else TaskValidationError
+        raise error(str(root), tuple(check.issues))
     return Task(
         id=task_id,
         version=version,
@@ -611,4 +653,69 @@ def _load(root: Path) -> Task:
         verifier=verifier,
         artifact=artifact,
         rules=rules,
+        harbor=harbor,
+        workdir=workdir,
+        container=container,
     )
+
+
+def _rollyard_table(check: _Checker, doc: dict[str, Any]) -> object:
+    """`[metadata.rollyard]`, else the older top-level `[rollyard]` (never both)."""
+    metadata = doc.get("metadata")
+    nested = metadata.get("rollyard", _MISSING) if isinstance(metadata, dict) else _MISSING
+    legacy = doc.get("rollyard", _MISSING)
+    if nested is not _MISSING and legacy is not _MISSING:
+        check.add("task.toml", "rollyard", "-", "is set next to [metadata.rollyard]",
+                  "keep only [metadata.rollyard]")  # fmt: skip
+    return nested if nested is not _MISSING else legacy
+
+
+def _absolute_workdir_uses(tests_dir: Path, workdir: str) -> list[Refusal]:
+    """Test files (other than test.sh, whose paths are rewritten) that name the image's WORKDIR
+    by its absolute path: bwrap mounts the workspace at /workspace only, so they need the task's
+    image, where WORKDIR leads to the workspace."""
+    if workdir in ("/", "/workspace") or not tests_dir.is_dir():
+        return []
+    pattern = re.compile(rf"(?<![\w./-]){re.escape(workdir.rstrip('/'))}\b")
+    found = []
+    for path in sorted(tests_dir.rglob("*")):
+        if not path.is_file() or path.name in ("test.sh", "Dockerfile"):
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if pattern.search(text):
+            rel = path.relative_to(tests_dir.parent).as_posix()
+            found.append(Refusal(rel, f"names the image's WORKDIR {workdir} by its absolute path, "
+                                 "where the local backend does not mount the workspace",
+                                 "use paths relative to the working directory, or " + DOCKER_FIX))  # fmt: skip
+    return found
+
+
+def _image_workspace(
+    check: _Checker, root: Path, harbor: HarborConfig
+) -> tuple[Path, str, ContainerImage | None]:
+    """A plain Harbor task's workspace (what its Dockerfile copies to WORKDIR), its WORKDIR, and
+    its own image when the local environment does not reproduce that Dockerfile."""
+    dockerfile = root / "environment" / "Dockerfile"
+    if not dockerfile.is_file():
+        return root / "environment", "/", None  # reported missing, or refused (docker_image)
+    reading = read_dockerfile(dockerfile)
+    if reading.broken is not None:
+        # Refused: the directory only names the task in the report.
+        return root / "environment", "/", None
+    image = reading.image
+    reasons = container_reasons(harbor, root)
+    reasons += _absolute_workdir_uses(root / "tests", image.workdir)
+    container = None
+    if reasons:
+        separate = harbor.verifier_mode == "separate" and (root / "tests" / "Dockerfile").is_file()
+        container = ContainerImage(
+            context_dir=root / "environment",
+            verifier_context_dir=root / "tests" if separate else None,
+            reason=f"{reasons[0].field}: {reasons[0].reason}",
+        )
+    try:
+        return image_workspace(root / "environment", image), image.workdir, container
+    except OSError as error:
+        check.add("environment/Dockerfile", "-", "-", f"cannot assemble its workspace ({error})",
+                  "check the COPY sources and the cache directory")  # fmt: skip
+        return root / "environment", image.workdir, container

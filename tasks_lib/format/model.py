@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Literal
 
 from sandboxes import Limits
+from tasks_lib.format.harbor import HarborConfig
 from tasks_lib.format.spec import ArtifactSpec, RulesSpec
 
-HARBOR_FORMAT_VERSION = "1.0"
 DEFAULT_WORKSPACE_DIR = "environment/workspace"
 DEFAULT_TEST_COMMAND = "python -m pytest tests"
 DEFAULT_HIDDEN_DIR = "tests/hidden"
@@ -53,6 +53,20 @@ VERIFIER_GLOBS = (VERIFIER_DIR,)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class ContainerImage:
+    """A plain Harbor task's own image: its Dockerfile builds what the local environment does not
+    hold, so its episodes and its verifier run on the docker backend, in that image."""
+
+    context_dir: Path
+    """The build context (`environment/`); its Dockerfile is `environment/Dockerfile`."""
+    verifier_context_dir: Path | None
+    """A separate verifier's own build context (`tests/`, with `tests/Dockerfile`), else None:
+    the verifier runs in the agent's image."""
+    reason: str
+    """Why the local backend does not reproduce it (the first such Dockerfile line)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Task:
     """A task loaded from a Harbor task directory (with or without a `[rollyard]` table)."""
 
@@ -92,6 +106,14 @@ class Task:
     """The `[rollyard.artifact]` table when `verifier` is `artifact`."""
     rules: RulesSpec | None = None
     """The `[rollyard.rules]` table when `verifier` is `rules`."""
+    harbor: HarborConfig = dataclasses.field(default_factory=HarborConfig)
+    """task.toml in Harbor's terms (environment, verifier mode and env, network, ...)."""
+    workdir: str = "/workspace"
+    """The agent's working directory in Harbor's image (the Dockerfile's WORKDIR, or
+    `[environment].workdir`): the workspace stands there, and test.sh's paths under it are
+    rewritten to the workspace."""
+    container: ContainerImage | None = None
+    """Set when the task needs its own image (the docker backend); None: it runs on bwrap."""
 
     @property
     def verifier_kind(self) -> VerifierKind:

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rollyard.status import TRAINABLE_STATUSES, EpisodeStatus
-from sandboxes import ExecResult, Sandbox, open_sandbox
+from sandboxes import ExecResult, Sandbox
 from tasks_lib.errors import VerifierSetupError
+from tasks_lib.format.environment import open_task_sandbox
 from tasks_lib.format.model import VERIFIER_DIR, Task
 from tasks_lib.verify.candidate import CandidateChanges
 from tasks_lib.verify.guard import Flag, GuardedChanges, GuardPolicy, guard_changes, policy_for_kind
@@ -57,6 +58,9 @@ class VerifyResult:
     snapshot_digest: str = ""
     limit: Limit | None = None
     """For a `timeout`: the limit the candidate's run hit (`wall_time` or `memory`)."""
+    metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """Named rewards a Harbor verifier wrote (`reward.json`, or `reward` from reward.txt);
+    `reward` is the primary one (see `verify/harbor.py`)."""
 
     @property
     def scored(self) -> bool:
@@ -79,6 +83,7 @@ class VerifyResult:
             "detail": self.detail,
             "duration_s": round(self.duration_s, 3),
             "snapshot_digest": self.snapshot_digest,
+            "metrics": dict(self.metrics),
         }
 
 
@@ -164,7 +169,7 @@ class VerifyRun:
     def sandbox(self) -> Iterator[Sandbox]:
         """A fresh sandbox over the pristine snapshot with the guarded changes applied."""
         task = self.task
-        with open_sandbox(task.snapshot_dir, backend=self.backend, limits=task.limits) as sandbox:
+        with open_task_sandbox(task, self.backend, verifier=True) as sandbox:
             self.digest = sandbox.snapshot_digest
             for path, data in self.guarded.files.items():
                 sandbox.write_file(path, data)
@@ -197,6 +202,7 @@ class VerifyRun:
         partial_credit: float | None = None,
         *,
         limit: Limit | None = None,
+        metrics: Mapping[str, float] | None = None,
     ) -> VerifyResult:
         """The verdict; a tamper flag zeroes a reward when the policy says so."""
         if reward is not None and self.policy.zero_on_tamper and self.tampered:
@@ -213,6 +219,7 @@ class VerifyRun:
             duration_s=time.monotonic() - self.started,
             snapshot_digest=self.digest,
             limit=limit,
+            metrics=dict(metrics or {}),
         )
 
     def limit_result(

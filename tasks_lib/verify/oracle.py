@@ -10,12 +10,14 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from sandboxes import SandboxError, open_sandbox
+from sandboxes import SandboxError
 from tasks_lib.errors import SolutionError, TaskError
+from tasks_lib.format.environment import open_task_sandbox
 from tasks_lib.format.model import VERIFIER_DIR, Task
 from tasks_lib.verify.candidate import CandidateChanges
 from tasks_lib.verify.context import VerifyResult
 from tasks_lib.verify.guard import GuardPolicy
+from tasks_lib.verify.harbor import harbor_script
 from tasks_lib.verify.run import verify
 
 SOLUTION_MOUNT = f"{VERIFIER_DIR}/solution"
@@ -31,15 +33,21 @@ def solution_changes(task: Task, *, backend: str = "bwrap") -> CandidateChanges:
         raise SolutionError(
             f"{script} is missing; add a solve.sh that applies the reference solution"
         )
-    with open_sandbox(task.snapshot_dir, backend=backend, limits=task.limits) as sandbox:
+    with open_task_sandbox(task, backend) as sandbox:
         for dirpath, _dirnames, filenames in os.walk(task.solution_dir):
             for name in filenames:
                 full = Path(dirpath) / name
                 rel = full.relative_to(task.solution_dir).as_posix()
                 sandbox.write_file(f"{SOLUTION_MOUNT}/{rel}", full.read_bytes())
-        result = sandbox.execute(
-            ["bash", f"{SOLUTION_MOUNT}/solve.sh"], timeout_s=task.verify_timeout_s
-        )
+        command = ["bash", f"{SOLUTION_MOUNT}/solve.sh"]
+        env = None
+        if task.verifier_kind == "harbor":
+            # Written for Harbor's image: /solution, the WORKDIR; `[solution].env` applies.
+            text = (task.solution_dir / "solve.sh").read_text(encoding="utf-8", errors="replace")
+            sandbox.write_file(f"{SOLUTION_MOUNT}/.run.sh", harbor_script(task, text, VERIFIER_DIR))
+            command = ["bash", f"{SOLUTION_MOUNT}/.run.sh"]
+            env = {**task.harbor.environment.env, **task.harbor.solution_env}
+        result = sandbox.execute(command, timeout_s=task.verify_timeout_s, env=env)
         if not result.ok:
             raise SolutionError(
                 f"{script} failed (exit {result.exit_code}, timed out {result.timed_out}): "

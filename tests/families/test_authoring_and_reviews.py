@@ -49,7 +49,7 @@ def test_tasks_new_scaffolds_a_family_whose_own_test_passes(
 
 def _edit_toml(task_dir: Path, change: dict[str, object]) -> None:
     document = tomllib.loads((task_dir / "task.toml").read_text())
-    document["rollyard"]["artifact"].update(change)
+    document["metadata"]["rollyard"]["artifact"].update(change)
     (task_dir / "task.toml").write_text(tomli_w.dumps(document))
 
 
@@ -74,7 +74,7 @@ def test_lint_reports_weak_tasks(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "empty_action_solves" in [f.rule for f in lint_task(solved).findings]
 
     document = tomllib.loads((good / "task.toml").read_text())
-    document["rollyard"]["limits"]["verify_timeout_s"] = 0.05
+    document["metadata"]["rollyard"]["limits"]["verify_timeout_s"] = 0.05
     (good / "task.toml").write_text(tomli_w.dumps(document))
     assert "slow_verifier" in [f.rule for f in lint_task(good).findings]
 

@@ -230,7 +230,7 @@ def test_declaration_errors_name_the_field_and_the_fix(
     import tomli_w
 
     document = tomllib.loads((task_dir / "task.toml").read_text())
-    document["rollyard"] = {"id": "x", "version": "1", **table}
+    document["metadata"]["rollyard"] = {"id": "x", "version": "1", **table}
     (task_dir / "task.toml").write_text(tomli_w.dumps(document))
     issues = validate_task(task_dir)
     assert any(issue.field == field and message in issue.message for issue in issues), [

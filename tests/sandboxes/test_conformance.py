@@ -234,7 +234,7 @@ class SandboxConformance:
     # -- pool ------------------------------------------------------------------------------------
 
     def test_pool_reuses_reset_sandboxes(self, open_backend: OpenBackend, snapshot: Path) -> None:
-        with SandboxPool(factory=lambda s, lim: open_backend(s, limits=lim)) as pool:
+        with SandboxPool(factory=lambda s, lim, _image: open_backend(s, limits=lim)) as pool:
             pool.prewarm(snapshot, 2)
             assert pool.idle_count(snapshot) == 2
             with pool.acquire(snapshot) as sandbox:
@@ -248,7 +248,7 @@ class SandboxConformance:
     def test_pool_discards_a_sandbox_that_raised(
         self, open_backend: OpenBackend, snapshot: Path
     ) -> None:
-        with SandboxPool(factory=lambda s, lim: open_backend(s, limits=lim)) as pool:
+        with SandboxPool(factory=lambda s, lim, _image: open_backend(s, limits=lim)) as pool:
             with pytest.raises(SandboxError), pool.acquire(snapshot) as sandbox:
                 raise SandboxError("the episode broke it")
             assert sandbox.closed and pool.idle_count(snapshot) == 0

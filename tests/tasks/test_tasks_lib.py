@@ -49,7 +49,7 @@ def task_copy(demo_dir: Path, tmp_path: Path) -> Path:
 
 def _edit_toml(task_dir: Path, **rollyard: object) -> None:
     doc = tomllib.loads((task_dir / "task.toml").read_text())
-    doc["rollyard"].update(rollyard)
+    doc["metadata"]["rollyard"].update(rollyard)
     (task_dir / "task.toml").write_bytes(tomli_w.dumps(doc).encode())
 
 
@@ -104,7 +104,9 @@ def test_plain_harbor_task_loads_and_scores_from_reward_txt(
     task_copy: Path, tmp_path: Path
 ) -> None:
     doc = tomllib.loads((task_copy / "task.toml").read_text())
-    del doc["rollyard"]
+    del doc["metadata"]["rollyard"]
+    # A plain Harbor task says which network it needs; Harbor's default (public) is refused.
+    doc["environment"]["network_mode"] = "no-network"
     (task_copy / "task.toml").write_bytes(tomli_w.dumps(doc).encode())
     task = load_task(task_copy)
     assert not task.has_rollyard_table and task.id == "task"

@@ -12,6 +12,7 @@ into place, so a crash never leaves half a task behind.
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import json
 import shutil
 from collections.abc import Callable, Mapping
@@ -19,11 +20,16 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
+from packaging.requirements import Requirement
 
 from tasks_lib.errors import GenerationError
-from tasks_lib.format.model import DEFAULT_WORKSPACE_DIR, HARBOR_FORMAT_VERSION
+from tasks_lib.format.harbor import SCHEMA_VERSION
+from tasks_lib.format.model import DEFAULT_WORKSPACE_DIR
 
 HARBOR_IMAGE = "python:3.11-slim"
+HARBOR_ORG = "rollyard"
+"""The org of `[task].name` (`rollyard/<task id>`): Harbor names a task package `org/name`."""
+WORKSPACE_IN_IMAGE = "/workspace"
 DEFAULT_ENVIRONMENT: Mapping[str, float | int] = {
     "build_timeout_sec": 600.0,
     "cpus": 1,
@@ -44,12 +50,19 @@ FileContent = str | bytes | Path
 followed) is copied."""
 
 
+def pinned(requirement: str) -> str:
+    """`requirement` pinned to the version installed here: the environment rollyard verifies in
+    is the one Harbor builds (and `harbor lint` wants exact pins)."""
+    name = Requirement(requirement.strip("\"'")).name
+    return f"{name}=={importlib.metadata.version(name)}"
+
+
 def dockerfile(*packages: str, after: tuple[str, ...] = ()) -> str:
-    """`environment/Dockerfile`: the Python image, `packages` pip-installed, the workspace copied
-    to /workspace, then the `after` lines."""
+    """`environment/Dockerfile`: the Python image, `packages` pip-installed at the versions
+    installed here, the workspace copied to /workspace, then the `after` lines."""
     lines = [f"FROM {HARBOR_IMAGE}"]
     if packages:
-        lines.append(f"RUN pip install --no-cache-dir {' '.join(packages)}")
+        lines.append(f"RUN pip install --no-cache-dir {' '.join(map(pinned, packages))}")
     lines += ["WORKDIR /workspace", "COPY workspace/ /workspace/", *after]
     return "\n".join(lines) + "\n"
 
@@ -172,13 +185,17 @@ def _assemble(files: TaskFiles, tmp: Path) -> None:
     defaults = {"id": files.task_id, "version": "1", "workspace_dir": DEFAULT_WORKSPACE_DIR}
     rollyard = {key: value for key, value in defaults.items() if key not in files.rollyard}
     rollyard.update(files.rollyard)
+    # Harbor's task model (schema 1.4): rollyard's fields under [metadata.rollyard]; the verifier
+    # in its own environment with the agent's workspace carried over as an artifact, as
+    # rollyard's verifier does (a fresh sandbox with the agent's changes); no network.
     document = {
-        "version": HARBOR_FORMAT_VERSION,
-        "metadata": dict(files.metadata),
-        "verifier": {"timeout_sec": files.verifier_timeout_s},
+        "schema_version": SCHEMA_VERSION,
+        "artifacts": [WORKSPACE_IN_IMAGE],
+        "task": {"name": f"{HARBOR_ORG}/{files.task_id}"},
+        "metadata": {**files.metadata, "rollyard": rollyard},
+        "verifier": {"timeout_sec": files.verifier_timeout_s, "environment_mode": "separate"},
         "agent": {"timeout_sec": files.agent_timeout_s},
-        "environment": dict(files.environment),
-        "rollyard": rollyard,
+        "environment": {**files.environment, "network_mode": "no-network"},
     }
     (tmp / "task.toml").write_bytes(tomli_w.dumps(document).encode())
 
