@@ -77,10 +77,12 @@ class TrainSettings:
     mode: str = "sync"
     """`sync`: roll out iteration i with the policy after update i-1, then update. `async`:
     rollouts of the next `max_policy_lag` iterations are already running while the trainer
-    updates, so neither side waits; episodes carry their policy lag."""
+    updates, so neither side waits; episodes carry their policy lag. `streaming`: groups roll
+    out continuously and the trainer takes a batch of `tasks_per_iteration` groups as soon as
+    one has finished (`flows.streaming`); each such batch is an iteration of the store."""
     max_policy_lag: int = 1
-    """Async only: how many updates behind the trainer a consumed episode's policy may be;
-    staler episodes are not trained on (counted in the metrics)."""
+    """Async and streaming: how many updates behind the trainer a consumed episode's policy
+    may be; staler episodes are not trained on (counted in the metrics)."""
     schedule: Schedule = "longest_first"
     """Shard planning: `longest_first` (durations predicted from the store) or `round_robin`."""
     max_attempts: int = 3
@@ -109,8 +111,10 @@ class TrainSettings:
             raise FlowSettingsError(
                 f"max_concurrent_requests must be >= 1, got {self.max_concurrent_requests}"
             )
-        if self.mode not in ("sync", "async"):
-            raise FlowSettingsError(f"mode must be 'sync' or 'async', got {self.mode!r}")
+        if self.mode not in ("sync", "async", "streaming"):
+            raise FlowSettingsError(
+                f"mode must be 'sync', 'async' or 'streaming', got {self.mode!r}"
+            )
         if self.max_policy_lag < 1:
             raise FlowSettingsError(f"max_policy_lag must be >= 1, got {self.max_policy_lag}")
         if self.iterations < 1:
@@ -389,6 +393,12 @@ def train(settings: TrainSettings) -> list[IterationSummary]:
     if first_iteration:
         logger.info("resuming run %s at iteration %d", settings.run_id, first_iteration)
     recovery = RecoveryPolicy(settings.max_attempts, settings.recovery_mode)  # type: ignore[arg-type]
+    if settings.mode == "streaming":
+        from flows.streaming import train_streaming  # it builds on this module's tasks
+
+        streamed = train_streaming(settings, store, trainer, task_dirs, first_iteration, recovery)
+        _publish_run_table(settings, streamed)
+        return streamed
     in_flight: dict[int, _Submitted] = {}
     shard_episodes: dict[Any, int] = {}
     watch = HungShardWatch(
@@ -460,13 +470,17 @@ def train(settings: TrainSettings) -> list[IterationSummary]:
         publish_iteration_artifacts(store, settings.run_id, iteration)
         summaries.append(summary)
         _report("iteration_done", summary=summary)
+    _publish_run_table(settings, summaries)
+    return summaries
+
+
+def _publish_run_table(settings: TrainSettings, summaries: list[IterationSummary]) -> None:
     if summaries:
         create_table_artifact(
             key=re.sub(r"[^a-z0-9-]+", "-", f"train-{settings.run_id}".lower()),
             table=[dataclasses.asdict(s) for s in summaries],
             description=f"Iterations of run {settings.run_id}",
         )
-    return summaries
 
 
 def _consume(
