@@ -223,7 +223,7 @@ def _train_step(
 
     def timed_update(trainer: Any, trajectories: list[Any]) -> Any:
         started = time.monotonic()
-        metrics = update_policy(trainer, trajectories)
+        metrics = update_policy(trainer, trajectories, stand_in_s=settings.update_stand_in_s)
         extra["update_s"] = time.monotonic() - started
         return metrics
 

@@ -12,6 +12,7 @@ the last iteration whose completion marker (a metrics row written last) is in th
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -100,6 +101,9 @@ class TrainSettings:
     deadlines summed (plus `SHARD_START_ALLOWANCE_S`) is treated as hung (a worker that stopped
     answering, a call stuck in the kernel); its worker is restarted, its episodes run again on
     a live one and commit exactly once. Inside, each episode also has its task's own budget."""
+    update_stand_in_s: float = 0.0
+    """Benchmarks only: seconds each update waits before the real one, standing in for the
+    update time of a trainer on an accelerator (`benchmarks/async.py`)."""
     gate_on_failure: str = "continue"
     """What a failed quality gate does besides quarantining the iteration: `continue` training
     (the quarantined batch is not trained on) or `stop` the run. Thresholds come from
@@ -127,6 +131,8 @@ class TrainSettings:
             raise FlowSettingsError(
                 f"episode_deadline_s must be positive, got {self.episode_deadline_s}"
             )
+        if self.update_stand_in_s < 0:
+            raise FlowSettingsError(f"update_stand_in_s must be >= 0, got {self.update_stand_in_s}")
         if self.schedule not in ("longest_first", "round_robin"):
             raise FlowSettingsError(
                 f"schedule must be 'longest_first' or 'round_robin', got {self.schedule!r}"
@@ -336,7 +342,12 @@ def gate_iteration(
 
 
 @task(name="update_policy", cache_policy=NO_CACHE)
-def update_policy(trainer: GRPOTrainer, trajectories: list[Trajectory]) -> UpdateMetrics:
+def update_policy(
+    trainer: GRPOTrainer, trajectories: list[Trajectory], stand_in_s: float = 0.0
+) -> UpdateMetrics:
+    # A benchmark's stand-in for an accelerator's update time: waiting, not computing, since
+    # that time is spent on the trainer's device, not on the rollout hosts' CPUs.
+    time.sleep(stand_in_s)
     return trainer.update(trajectories)
 
 
@@ -528,7 +539,7 @@ def _consume(
         quarantined=report.quarantined,
         gate_reason=report.reason,
         wall_s=time.monotonic() - submitted.started,
-        update=update_policy,
+        update=functools.partial(update_policy, stand_in_s=settings.update_stand_in_s),
         policy_lag=policy_lag,
         stale_dropped=stale_dropped,
     )
