@@ -242,9 +242,14 @@ def run_shard(request: ShardRequest, *, pool: SandboxPool | None = None) -> list
             f"{request.policy_version}: the policy bytes are corrupt"
         )
 
+    # Loaded here, in one thread: the loader parses test files with `ast.parse`, which
+    # CPython 3.11 before 3.11.8 can fail with a spurious "AST constructor recursion depth
+    # mismatch" when threads parse at once (python/cpython#106905).
+    tasks = {episode.task_dir: _load_task_cached(episode.task_dir) for episode in request.episodes}
+
     def run(episode: EpisodeRequest, acting: Policy) -> Trajectory:
         return run_episode_with_recovery(
-            _load_task_cached(episode.task_dir),
+            tasks[episode.task_dir],
             acting,
             pool,
             key=episode.key,
