@@ -73,10 +73,12 @@ def _healthy(api_url: str) -> bool:
 class LocalPrefectServer:
     """A `prefect server start` child process on loopback, its database under `home`."""
 
-    def __init__(self, home: Path, *, port: int | None = None) -> None:
+    def __init__(self, home: Path, *, port: int | None = None, host: str = "127.0.0.1") -> None:
         self.home = Path(home)
+        self.host = host
+        """The address it listens on: loopback, or one that workers on other hosts reach."""
         self.port = port or _free_port()
-        self.api_url = f"http://127.0.0.1:{self.port}/api"
+        self.api_url = f"http://{host}:{self.port}/api"
         self._process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> str:
@@ -92,7 +94,7 @@ class LocalPrefectServer:
                 "server",
                 "start",
                 "--host",
-                "127.0.0.1",
+                self.host,
                 "--port",
                 str(self.port),
                 "--no-ui",
