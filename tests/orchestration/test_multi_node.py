@@ -137,7 +137,7 @@ def lan() -> Iterator[Lan]:
         network.close()
 
 
-def _s3_bucket(endpoint: str, bucket: str) -> None:
+def _s3_bucket(endpoint: str, bucket: str) -> bool:
     import pyarrow.fs as pafs
 
     filesystem = pafs.S3FileSystem(
@@ -149,6 +149,7 @@ def _s3_bucket(endpoint: str, bucket: str) -> None:
         allow_bucket_creation=True,
     )
     filesystem.create_dir(bucket)
+    return True
 
 
 def test_scheduler_workers_object_store_and_prefect_on_separate_nodes(
@@ -195,7 +196,7 @@ def test_scheduler_workers_object_store_and_prefect_on_separate_nodes(
         tmp_path / "weed.log",
         dict(os.environ),
     )
-    _wait_for(lambda: _s3_bucket(endpoint, "rollyard") is None, "SeaweedFS's S3 gateway")
+    _wait_for(lambda: _s3_bucket(endpoint, "rollyard"), "SeaweedFS's S3 gateway")
 
     # One Prefect server for the flow and every worker, listening on the LAN.
     prefect = LocalPrefectServer(tmp_path / "prefect", host=lan.host_ip)
