@@ -200,7 +200,7 @@ def test_scheduler_workers_object_store_and_prefect_on_separate_nodes(
 
     # One Prefect server for the flow and every worker, listening on the LAN.
     prefect = LocalPrefectServer(tmp_path / "prefect", host=lan.host_ip)
-    prefect.start()
+    prefect.start(timeout_s=400)  # its migrations take minutes on a loaded 2-core host
     try:
         env = {
             **os.environ,
