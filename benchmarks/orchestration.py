@@ -45,9 +45,9 @@ def bare_loop(
 ) -> float:
     """Episodes/s of a plain process pool over the same shards, with the same GRPO update
     between iterations (so both sides run the same episodes), no Prefect, Dask or gate."""
+    from training.builtin.grpo import GRPOConfig, GRPOTrainer
     from training.builtin.scorer_policy import CandidateScorerPolicy
     from training.episode import EpisodeConfig
-    from training.grpo import GRPOConfig, GRPOTrainer
     from training.rollout import plan_iteration
 
     trainer = GRPOTrainer(CandidateScorerPolicy(seed=0), GRPOConfig(seed=0))

@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "flows.commands.sandbox",
     "flows.commands.train",
     "flows.commands.evaluate",
+    "flows.commands.sft",
     "flows.commands.audit",
     "flows.commands.query",
     "flows.commands.store",

@@ -76,11 +76,11 @@ class PolicySampler:
     def __call__(self, task: Task, index: int) -> float | None:
         from sandboxes import open_sandbox
         from training.episode import EpisodeConfig, run_episode
-        from training.grpo import load_checkpoint
+        from training.iteration import load_trainer
         from training.trajectory import EpisodeKey
 
         if self._policy is None:
-            trainer = load_checkpoint(TrajectoryStore(self.store), self.run_id, self.policy_version)
+            trainer = load_trainer(TrajectoryStore(self.store), self.run_id, self.policy_version)
             self._policy = trainer.policy
         key = EpisodeKey(f"curate-{self.policy_version}", 0, sample_index=index)
         with open_sandbox(task.snapshot_dir, limits=task.limits) as sandbox:

@@ -9,14 +9,15 @@ buffer's rule (`training.streaming`), committed once and counted. Each step is o
 iteration: committed in one exactly-once shard, gated, trained on through `trainer.update`,
 checkpointed and marked done like a synchronous iteration, so resume, the quality gate and
 every reader work unchanged. The trainer is reached only through `training.iteration`'s
-`finish_iteration` and the `update` callable: any trainer with `policy`, `updates` and
-`update(batch)` streams.
+`finish_iteration` and the `update` callable: any `training.trainer.Trainer` (its `policy`,
+`updates` and `update(batch)`) streams.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
@@ -39,7 +40,15 @@ from training.episode import EpisodeConfig
 from training.iteration import IterationSummary, finish_iteration
 from training.recovery import RecoveryPolicy
 from training.rollout import ShardRequest, plan_iteration, run_shard, worker_name
-from training.streaming import STREAM_SHARD, CompletedGroup, StreamBuffer, commit_step
+from training.streaming import (
+    STREAM_SHARD,
+    CompletedGroup,
+    StreamBatch,
+    StreamBuffer,
+    commit_step,
+)
+from training.trainer import Trainer, TrainerMetrics
+from training.trajectory import Trajectory
 
 WAVES_PER_RUN_STEP = 1000
 """Wave numbers (the rollout keys' iteration before re-keying) start at step x this, so a
@@ -77,8 +86,8 @@ class _Outstanding:
 def train_streaming(
     settings: TrainSettings,
     store: TrajectoryStore,
-    trainer: Any,
-    task_dirs: list[Any],
+    trainer: Trainer,
+    task_dirs: list[Path],
     first_step: int,
     recovery: RecoveryPolicy,
 ) -> list[IterationSummary]:
@@ -190,10 +199,10 @@ def _check_workers(idle_since: float | None, settings: TrainSettings, pending: i
 
 def _train_step(
     store: TrajectoryStore,
-    trainer: Any,
+    trainer: Trainer,
     settings: TrainSettings,
     step: int,
-    batch: Any,
+    batch: StreamBatch,
     waited_s: float,
     carried_over_groups: int,
 ) -> IterationSummary:
@@ -221,7 +230,7 @@ def _train_step(
         "stale_dropped_groups": float(len(batch.stale)),
     }
 
-    def timed_update(trainer: Any, trajectories: list[Any]) -> Any:
+    def timed_update(trainer: Trainer, trajectories: list[Trajectory]) -> TrainerMetrics:
         started = time.monotonic()
         metrics = update_policy(trainer, trajectories, stand_in_s=settings.update_stand_in_s)
         extra["update_s"] = time.monotonic() - started
@@ -257,7 +266,7 @@ def _train_step(
 
 
 def _close_interrupted_step(
-    store: TrajectoryStore, trainer: Any, settings: TrainSettings, step: int
+    store: TrajectoryStore, trainer: Trainer, settings: TrainSettings, step: int
 ) -> IterationSummary:
     """A step committed before the run stopped but never marked done: its groups' rollouts were
     lost with the flow, so it is closed without an update (its episodes stay, once, counted as

@@ -30,7 +30,6 @@ from storage import TrajectoryStore
 from storage.gates import GateReport, GateSettings
 from storage.gates import gate_iteration as run_gate
 from training.episode import EpisodeConfig
-from training.grpo import GRPOTrainer, UpdateMetrics
 from training.iteration import (
     IterationSummary,
     check_training_policy,
@@ -38,7 +37,9 @@ from training.iteration import (
     restore_trainer,
     task_dirs_in,
 )
+from training.lm.conversation import ChatSampling
 from training.lm.spec import parse_policy_spec
+from training.lm.trainer import LMTrainerConfig
 from training.recovery import FaultPlan, RecoveryPolicy
 from training.rollout import (
     Schedule,
@@ -48,6 +49,7 @@ from training.rollout import (
     predict_episode_seconds,
     rollout_shard_and_commit,
 )
+from training.trainer import Trainer, TrainerMetrics
 from training.trajectory import Trajectory
 
 
@@ -61,10 +63,19 @@ class TrainSettings:
     """Store root (local directory or object-storage URI)."""
     run_id: str = "run-0"
     policy: str = "builtin"
-    """The policy spec: `builtin`, `openai:BASE_URL#MODEL` or `hf:DIR`
-    (`training.lm.spec`); checked before any episode."""
+    """The policy spec: `builtin`, `openai:BASE_URL#MODEL` or `hf:DIR` (`training.lm.spec`);
+    checked before any episode, and it chooses the trainer."""
     max_concurrent_requests: int = 1
     """Episodes a shard keeps in flight at once, so a model server batches their requests."""
+    lm_trainer: LMTrainerConfig | None = None
+    """Hyper-parameters of the language-model trainer (`hf:` and `openai:` policies); None: the
+    defaults."""
+    sampling: ChatSampling | None = None
+    """How a chat policy samples each turn (None: `ChatSampling()`); the LM trainer divides
+    logits by the same temperature."""
+    trainer_model: str | None = None
+    """`openai:` policies: the served model's weights on this machine; the trainer trains a
+    LoRA adapter on them and loads each new one into the server."""
     iterations: int = 6
     tasks_per_iteration: int = 8
     group_size: int = 4
@@ -343,8 +354,8 @@ def gate_iteration(
 
 @task(name="update_policy", cache_policy=NO_CACHE)
 def update_policy(
-    trainer: GRPOTrainer, trajectories: list[Trajectory], stand_in_s: float = 0.0
-) -> UpdateMetrics:
+    trainer: Trainer, trajectories: list[Trajectory], stand_in_s: float = 0.0
+) -> TrainerMetrics:
     # A benchmark's stand-in for an accelerator's update time: waiting, not computing, since
     # that time is spent on the trainer's device, not on the rollout hosts' CPUs.
     time.sleep(stand_in_s)
@@ -395,11 +406,18 @@ class _Submitted:
 def train(settings: TrainSettings) -> list[IterationSummary]:
     logger = get_run_logger()
     # Before any episode and any write: the spec, a trainer for it, a server that answers.
-    policy = check_training_policy(settings.policy)
+    policy = check_training_policy(settings.policy, trainer_model=settings.trainer_model)
     store = TrajectoryStore(settings.store)
     task_dirs = task_dirs_in(Path(settings.tasks_dir))
     trainer, first_iteration = restore_trainer(
-        store, settings.run_id, seed=settings.seed, resume=settings.resume, policy=policy
+        store,
+        settings.run_id,
+        seed=settings.seed,
+        resume=settings.resume,
+        policy=policy,
+        lm_config=settings.lm_trainer,
+        trainer_model=settings.trainer_model,
+        sampling=settings.sampling,
     )
     if first_iteration:
         logger.info("resuming run %s at iteration %d", settings.run_id, first_iteration)
@@ -496,7 +514,7 @@ def _publish_run_table(settings: TrainSettings, summaries: list[IterationSummary
 
 def _consume(
     store: TrajectoryStore,
-    trainer: GRPOTrainer,
+    trainer: Trainer,
     settings: TrainSettings,
     iteration: int,
     outcomes: list[ShardOutcome],

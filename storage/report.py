@@ -49,6 +49,20 @@ _QUERIES: dict[str, str] = {
                any_value(value) FILTER (WHERE name = 'eval_infra_errors') AS eval_infra_errors
         FROM metrics WHERE source = 'evaluation' GROUP BY run_id, iteration ORDER BY 1, 2
     """,
+    "training_throughput": """
+        SELECT run_id, iteration,
+               any_value(value) FILTER (WHERE name = 'rollout_wall_s') AS rollout_s,
+               any_value(value) FILTER (WHERE name = 'update_s') AS update_s,
+               any_value(value) FILTER (WHERE name = 'sampled_tokens') AS sampled_tokens,
+               any_value(value) FILTER (WHERE name = 'sampled_tokens_per_s')
+                   AS sampled_tokens_per_s,
+               any_value(value) FILTER (WHERE name = 'tokens_trained') AS trained_tokens,
+               any_value(value) FILTER (WHERE name = 'trained_tokens_per_s')
+                   AS trained_tokens_per_s,
+               any_value(value) FILTER (WHERE name = 'logprob_mismatch_max_abs')
+                   AS logprob_mismatch_max_abs
+        FROM metrics WHERE source = 'train_flow' GROUP BY run_id, iteration ORDER BY 1, 2
+    """,
     "gates": """
         SELECT v.run_id, v.iteration, v.suite, v.quarantined, v.reason, v.evaluated_at,
                (SELECT string_agg(g.expectation || ' (' || coalesce(g.observed, '?') || ')', '; ')
@@ -256,6 +270,8 @@ def render_html(tables: dict[str, Rows], *, title: str, source: str) -> str:
     parts.append(_table(tables["hack_flag_rates"], empty="No episode was flagged."))
     parts.append('<h2 id="throughput">Throughput and sandbox time</h2>')
     parts.append(_table(tables["throughput"], empty="No episodes."))
+    parts.append("<h3>Per training iteration: rollout against update</h3>")
+    parts.append(_table(tables["training_throughput"], empty="No training iteration yet."))
     parts.append('<h2 id="library">Task library</h2>')
     parts.append(_table(tables["pass_rate_by_difficulty"], empty="No episodes."))
     parts.append(_table(tables["library"], empty="No curation recorded (rollyard curate)."))

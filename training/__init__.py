@@ -3,11 +3,13 @@
 The loop: `actions` (what an agent does and sees) · `policy` (the interface) · `episode` (one
 episode in a sandbox, then the verifier) · `trajectory` · `recovery` (retries of infra failures,
 fault injection) · `rollout` (shards of episodes on workers) · `iteration` (commit, gate, update,
-checkpoint) · `local` (the iteration in one process) · `grpo` · `evaluation` (checkpoints,
-pass@k) · `audit` · `gym_env` · `stored` (trajectories read back from the store) · `export`.
-Its policies: `builtin/` (the CPU policy: a small network scoring the candidates its proposers
-offer) and `lm/` (language models: `openai:` servers and `hf:` directories, chosen by one
-policy spec, `training.lm.spec`). Statuses and the error root come from `rollyard`.
+checkpoint) · `local` (the iteration in one process) · `trainer` (the one trainer interface) ·
+`advantages` (groups and masks, shared by the trainers) · `evaluation` (checkpoints, pass@k) ·
+`audit` · `gym_env` · `stored` (trajectories read back from the store) · `export`. Its policies
+and their trainers: `builtin/` (the CPU policy: a small network scoring the candidates its
+proposers offer, and its GRPO trainer) and `lm/` (language models: `openai:` servers and `hf:`
+directories, chosen by one policy spec, `training.lm.spec`, and the token-level GRPO trainer).
+Statuses and the error root come from `rollyard`.
 
 from training import CandidateScorerPolicy, EpisodeKey, GRPOTrainer, run_episode
 policy = CandidateScorerPolicy()
@@ -30,6 +32,8 @@ from training.actions import (
     action_to_json,
     history_messages,
 )
+from training.advantages import GroupStats, group_advantages
+from training.builtin.grpo import GRPOConfig, GRPOTrainer, UpdateMetrics, load_checkpoint
 from training.builtin.scorer_policy import CandidateScorerPolicy, ScorerConfig
 from training.episode import (
     EpisodeConfig,
@@ -46,16 +50,8 @@ from training.errors import (
     TrainerError,
     TrainingError,
 )
-from training.grpo import (
-    GroupStats,
-    GRPOConfig,
-    GRPOTrainer,
-    UpdateMetrics,
-    group_advantages,
-    load_checkpoint,
-    save_checkpoint,
-)
 from training.policy import ChatRecord, Decision, Policy, ScorerRecord, ScriptedPolicy
+from training.trainer import Trainer
 from training.trajectory import EpisodeKey, Step, Trajectory
 
 __all__ = [
@@ -84,6 +80,7 @@ __all__ = [
     "ScriptedPolicy",
     "Step",
     "Submit",
+    "Trainer",
     "TrainerError",
     "TrainingError",
     "Trajectory",
@@ -97,7 +94,6 @@ __all__ = [
     "history_messages",
     "load_checkpoint",
     "run_episode",
-    "save_checkpoint",
     "verify_agent_sandbox",
 ]
 # The chat policy (httpx), the Gymnasium environment and export (pyarrow) are imported from

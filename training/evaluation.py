@@ -27,7 +27,7 @@ from storage import CheckpointInfo, StoreError, TrajectoryStore
 from tasks_lib.format.loader import load_task
 from training.episode import EpisodeConfig
 from training.errors import TrainingSettingsError
-from training.grpo import load_checkpoint
+from training.iteration import load_trainer
 from training.recovery import RecoveryPolicy, run_episode_with_recovery
 from training.trajectory import EpisodeKey, Trajectory
 
@@ -114,7 +114,7 @@ def evaluate_checkpoint(
     if samples_per_task < 1:
         raise TrainingSettingsError(f"samples_per_task must be >= 1, got {samples_per_task}")
     started = time.monotonic()
-    policy = load_checkpoint(store, checkpoint.run_id, checkpoint.policy_version, seed=seed).policy
+    policy = load_trainer(store, checkpoint.run_id, checkpoint.policy_version, seed=seed).policy
     config = EpisodeConfig(max_steps=max_steps, seed=seed)
     own_pool = pool is None
     pool = pool or SandboxPool(limits=Limits(), max_idle_per_snapshot=1)

@@ -4,7 +4,7 @@ three layouts:
 - `hf`: one row per episode, everything rollyard knows of it — the conversation as OpenAI chat
   `messages` (system, the instruction, assistant tool calls, tool answers), the tools' JSON
   schemas, what acted, the reward, the group-relative advantage
-  (`training.grpo.group_advantages`), the advantage each action trains with (`step_advantages`:
+  (`training.advantages.group_advantages`), the advantage each action trains with (`step_advantages`:
   the group advantage plus the action's trial credit; null for an action without signal), and
   per language-model turn the exact prompt ids, sampled ids and sampler logprobs.
   `datasets.load_dataset("parquet", data_files=...)` reads it as is.
@@ -39,8 +39,9 @@ import pyarrow.parquet as pq
 
 from storage import TrajectoryStore
 from training.actions import TryEdit, history_messages
+from training.advantages import group_advantages
+from training.builtin.grpo import GRPOConfig, step_advantages
 from training.errors import TrainingSettingsError
-from training.grpo import GRPOConfig, group_advantages, step_advantages
 from training.lm.conversation import SYSTEM_PROMPT, TOOL_SCHEMAS, TRY_EDIT_SCHEMA
 from training.policy import ChatRecord
 from training.stored import IterationRange, read_trajectories
@@ -154,6 +155,7 @@ def episode_rows(
     `trajectories` (give whole iterations). Trajectories none of whose actions carries a signal
     (error statuses, groups with infra failures, zero-variance groups without a credited trial)
     are left out unless `include_masked`, then with null advantages."""
+    config = config or GRPOConfig()
     advantages, _ = group_advantages(trajectories, config)
     per_step = step_advantages(trajectories, config, advantages=advantages)
     rows = []

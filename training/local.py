@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sandboxes import Limits, SandboxPool
 from storage import TrajectoryStore
@@ -34,6 +35,10 @@ from training.iteration import (
 from training.policy import Policy
 from training.rollout import plan_iteration, rollout_shard_and_commit
 from training.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from training.lm.conversation import ChatSampling
+    from training.lm.trainer import LMTrainerConfig
 
 
 def rollout_batch(
@@ -90,22 +95,34 @@ def train_locally(
     max_steps: int = 8,
     seed: int = 0,
     resume: bool = False,
+    lm_config: LMTrainerConfig | None = None,
+    sampling: ChatSampling | None = None,
+    trainer_model: str | Path | None = None,
     gate_settings: GateSettings | None = None,
     on_iteration: Callable[[IterationSummary], None] | None = None,
 ) -> list[IterationSummary]:
-    """Train the policy `policy` names (a spec, `training.lm.spec`) with GRPO for `iterations`
-    iterations, in this process. The spec, a trainer for it and its server are checked first
-    (`check_training_policy`), before anything is written.
+    """Train the policy `policy` names (a spec, `training.lm.spec`, which also chooses the
+    trainer) with GRPO for `iterations` iterations, in this process. The spec and its server are
+    checked first (`check_training_policy`), before anything is written.
 
     Gate thresholds come from `ROLLYARD_GATE_*` unless `gate_settings` is given; a quarantined
     iteration is recorded and skipped by the trainer, as in the flow. `on_iteration` is called
     after each iteration (progress in a notebook)."""
     if iterations < 1:
         raise TrainingSettingsError(f"iterations must be >= 1, got {iterations}")
-    spec = check_training_policy(policy)
+    spec = check_training_policy(policy, trainer_model=trainer_model)
     store = store if isinstance(store, TrajectoryStore) else TrajectoryStore(store)
     task_dirs = task_dirs_in(tasks_dir)
-    trainer, first = restore_trainer(store, run_id, seed=seed, resume=resume, policy=spec)
+    trainer, first = restore_trainer(
+        store,
+        run_id,
+        seed=seed,
+        resume=resume,
+        policy=spec,
+        lm_config=lm_config,
+        sampling=sampling,
+        trainer_model=trainer_model,
+    )
     gate_settings = gate_settings or GateSettings.from_env()
     done: list[IterationSummary] = []
     with SandboxPool(limits=Limits(), max_idle_per_snapshot=1) as pool:

@@ -13,7 +13,7 @@ from flows.cli import positive_int
 from flows.errors import CliError
 from rollyard.errors import EXIT_FAILED
 
-FAMILIES = ("data_analysis", "ops")
+FAMILIES = ("data_analysis", "ops", "settings")
 """The built-in families beyond bug fixing (`rollyard tasks demo` writes bug-fix tasks)."""
 
 
@@ -55,6 +55,8 @@ def generate_command(args: argparse.Namespace) -> int:
             from tasks_lib.sources.families.data_analysis import (
                 generate_data_analysis_tasks as generate,
             )
+        elif args.family == "settings":
+            from tasks_lib.sources.families.settings import generate_settings_tasks as generate
         else:
             from tasks_lib.sources.families.ops import generate_ops_tasks as generate
         paths = generate(args.out, args.count, args.seed)

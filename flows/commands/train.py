@@ -49,6 +49,12 @@ def _common_train_options(
 ) -> None:
     parser.add_argument("--store", default=".rollyard", help="store root (default ./.rollyard)")
     add_policy_options(parser, sampling=False)
+    parser.add_argument(
+        "--trainer-model",
+        metavar="DIR",
+        help="openai: policies only: the served model's weights on this machine; the trainer "
+        "trains a LoRA adapter on them and loads each new one into the server",
+    )
     parser.add_argument("--iterations", type=positive_int, default=iterations)
     parser.add_argument("--group-size", type=positive_int, default=group_size)
     parser.add_argument("--tasks-per-iteration", type=positive_int, default=tasks_per_iteration)
@@ -127,6 +133,7 @@ def _settings(args: argparse.Namespace, tasks_dir: Path) -> Any:
         run_id=args.run_id or f"run-{args.seed}",
         policy=args.policy,
         max_concurrent_requests=args.max_concurrent_requests,
+        trainer_model=args.trainer_model,
         iterations=args.iterations,
         tasks_per_iteration=args.tasks_per_iteration,
         group_size=args.group_size,
@@ -237,7 +244,7 @@ def _check_policy(args: argparse.Namespace) -> None:
     """The spec, a trainer for it and its server, before anything runs or is written."""
     from training.iteration import check_training_policy
 
-    check_training_policy(args.policy)
+    check_training_policy(args.policy, trainer_model=args.trainer_model)
 
 
 def train_command(args: argparse.Namespace) -> int:

@@ -117,7 +117,7 @@ def test_a_reply_that_is_not_json_exits_2(
     assert code == EXIT_USAGE and "not JSON" in err and "Bad Gateway" in err
 
 
-def test_train_and_demo_refuse_a_language_model_spec_until_a_trainer_for_it_exists(
+def test_training_a_served_model_without_its_weights_here_is_refused_before_anything_runs(
     server: ScriptedChatServer, tasks_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     server.answer(completion(tool_call("a", "submit", {})))
@@ -125,9 +125,15 @@ def test_train_and_demo_refuse_a_language_model_spec_until_a_trainer_for_it_exis
     code, err = run_cli(
         ["train", "--tasks", str(tasks_dir), "--policy", spec], tmp_path / "store", capsys
     )
-    assert code == EXIT_USAGE and "language-model trainer" in err and "rollyard evaluate" in err
+    assert code == EXIT_USAGE and "--trainer-model DIR" in err and "rollyard evaluate" in err
     code, err = run_cli(["demo", "--policy", spec], tmp_path / "store", capsys)
-    assert code == EXIT_USAGE and "language-model trainer" in err
+    assert code == EXIT_USAGE and "--trainer-model DIR" in err
+    code, err = run_cli(
+        ["demo", "--policy", spec, "--trainer-model", str(tmp_path / "absent")],
+        tmp_path / "store",
+        capsys,
+    )
+    assert code == EXIT_USAGE and "no such directory" in err
     code, err = run_cli(["demo", "--policy", "openai:nohash"], tmp_path / "store", capsys)
     assert code == EXIT_USAGE and "names no model" in err
     assert server.requests == []  # refused before the server was asked anything

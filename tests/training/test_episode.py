@@ -23,10 +23,10 @@ from training.actions import (
     Submit,
     TryEdit,
 )
+from training.builtin.grpo import GRPOTrainer
 from training.builtin.scorer_policy import CandidateScorerPolicy
 from training.episode import EpisodeConfig, VerdictFlag, run_episode
 from training.errors import PolicyError
-from training.grpo import GRPOTrainer
 from training.policy import Decision, Policy, ScorerRecord, ScriptedPolicy
 from training.trajectory import EpisodeKey
 

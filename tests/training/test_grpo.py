@@ -14,19 +14,18 @@ from hypothesis import strategies as st
 
 from rollyard.status import EpisodeStatus
 from training.actions import TRIAL_KEPT, TRIAL_REVERTED, Observation, RunCommand, Submit, TryEdit
+from training.advantages import group_advantages
 from training.builtin.features import FEATURE_COUNT, FEATURE_NAMES, Candidate
-from training.builtin.scorer_policy import CandidateScorerPolicy
-from training.grpo import (
+from training.builtin.grpo import (
     GRPOConfig,
     GRPOTrainer,
     adapted_entropy_coef,
     clipped_objective,
-    group_advantages,
     load_checkpoint,
-    save_checkpoint,
     step_advantages,
     trial_credits,
 )
+from training.builtin.scorer_policy import CandidateScorerPolicy
 from training.policy import ScorerRecord
 from training.trajectory import EpisodeKey, Step, Trajectory
 
@@ -65,7 +64,7 @@ def make_trajectory(
 def test_advantages_are_reward_minus_group_mean_over_std() -> None:
     batch = [make_trajectory(0, i, r) for i, r in enumerate([1.0, 0.0, 0.0, 1.0])]
     batch += [make_trajectory(1, i, r) for i, r in enumerate([0.5, 0.0])]
-    advantages, stats = group_advantages(batch)
+    advantages, stats = group_advantages(batch, GRPOConfig())
     assert [round(advantages[t.episode_id], 4) for t in batch[:4]] == [1.0, -1.0, -1.0, 1.0]
     assert [round(advantages[t.episode_id], 4) for t in batch[4:]] == [1.0, -1.0]
     assert stats.groups_used == 2 and stats.samples_used == 6
@@ -78,7 +77,7 @@ def test_advantages_are_reward_minus_group_mean_over_std() -> None:
 @given(st.lists(st.floats(0, 1), min_size=2, max_size=8))
 def test_advantages_of_a_group_sum_to_zero(rewards: list[float]) -> None:
     batch = [make_trajectory(0, i, r) for i, r in enumerate(rewards)]
-    advantages, stats = group_advantages(batch)
+    advantages, stats = group_advantages(batch, GRPOConfig())
     if stats.groups_zero_variance:
         assert advantages == {}
     else:
@@ -89,7 +88,7 @@ def test_zero_variance_groups_are_masked_and_counted() -> None:
     batch = [make_trajectory(0, i, 1.0) for i in range(4)]
     batch += [make_trajectory(1, i, 0.0) for i in range(4)]
     batch += [make_trajectory(2, i, float(i % 2)) for i in range(4)]
-    advantages, stats = group_advantages(batch)
+    advantages, stats = group_advantages(batch, GRPOConfig())
     assert stats.groups_zero_variance == 2
     assert stats.groups_used == 1
     assert set(advantages) == {t.episode_id for t in batch[8:]}
@@ -103,7 +102,7 @@ def test_infra_failures_mask_their_group_or_drop_their_samples() -> None:
         make_trajectory(1, 0, 1.0),
         make_trajectory(1, 1, 0.0),
     ]
-    advantages, stats = group_advantages(batch)
+    advantages, stats = group_advantages(batch, GRPOConfig())
     assert stats.groups_with_infra_failures == 1
     assert stats.samples_infra_failed == 1
     assert set(advantages) == {batch[3].episode_id, batch[4].episode_id}
@@ -308,7 +307,7 @@ def test_policy_and_trainer_round_trip_through_pickle_bytes_and_the_store(tmp_pa
     assert restored.version == policy.version
 
     store = TrajectoryStore(tmp_path / "store")
-    info = save_checkpoint(trainer, store, run_id="run", iteration=0, n_episodes=24)
+    info = trainer.save_checkpoint(store, run_id="run", iteration=0, n_episodes=24)
     assert info.policy_version == policy.version
     resumed = load_checkpoint(store, "run", policy.version)
     assert resumed.policy.version == policy.version and resumed.updates == 1
@@ -396,7 +395,7 @@ def test_adapted_entropy_coef_round_trips_through_state_dict_and_the_store(tmp_p
     assert resumed.entropy_coef == trainer.entropy_coef
 
     store = TrajectoryStore(tmp_path / "store")
-    save_checkpoint(trainer, store, run_id="run", iteration=0, n_episodes=24)
+    trainer.save_checkpoint(store, run_id="run", iteration=0, n_episodes=24)
     loaded = load_checkpoint(store, "run", trainer.policy.version)
     assert loaded.config == config and loaded.entropy_coef == trainer.entropy_coef
 

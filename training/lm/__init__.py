@@ -1,2 +1,5 @@
-"""Language models for rollyard: tiny local causal LMs built from a config, in-process generation
-with token ids and sampler log-probabilities, and a small OpenAI-compatible server over them."""
+"""Language models for rollyard: `spec` (policy specs), `conversation` (the chat agent loop),
+`openai_policy` / `hf_policy` (served and in-process policies), `generate` (in-process generation
+with token ids and sampler logprobs), `server` (a small OpenAI-compatible server, LoRA adapters
+at runtime), `tokens` (a trainer's input from stored turns), `trainer` (token-level GRPO),
+`sft` (the supervised warm start from reference solutions) and `tiny` (tiny models built here)."""

@@ -203,18 +203,27 @@ class LocalGenerator:
         cls, model_dir: str | Path, *, name: str | None = None, dtype: torch.dtype = torch.float32
     ) -> LocalGenerator:
         """Load a Hugging Face causal-LM directory (config, weights, tokenizer with a chat
-        template) with `AutoModelForCausalLM` / `AutoTokenizer`, on CPU."""
+        template) with `AutoModelForCausalLM` / `AutoTokenizer`, on CPU; a LoRA adapter
+        directory (adapter + tokenizer) loads its base model with the adapter merged."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         path = Path(model_dir)
-        if not (path / "config.json").is_file():
+        adapter = (path / "adapter_config.json").is_file()
+        if not adapter and not (path / "config.json").is_file():
             raise ModelDirError(
                 f"{path} is not a Hugging Face model directory (no config.json); give the "
                 "directory save_pretrained wrote"
             )
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+            if adapter:
+                # A LoRA adapter directory (peft): its base model with the adapter merged in.
+                from peft import AutoPeftModelForCausalLM
+
+                model = AutoPeftModelForCausalLM.from_pretrained(path, dtype=dtype)
+                model = model.merge_and_unload()
+            else:
+                model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         except (OSError, ValueError, KeyError) as error:
             raise ModelDirError(f"cannot load a causal LM from {path}: {error}") from error
         return cls(model, tokenizer, name=name or path.name)

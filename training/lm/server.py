@@ -6,7 +6,11 @@ The wire format is the OpenAI chat-completions API with vLLM's extras for token-
 choice; `return_tokens_as_token_ids: true` names logprob tokens `token_id:N`), tool calls parsed
 from the model's `<tool_call>` blocks as vLLM's `hermes` parser does, and errors as vLLM's
 `{"error": {"message", "type", "param", "code"}}` body. Concurrent requests are grouped into one
-forward batch (`BatchingGenerator`).
+forward batch (`BatchingGenerator`). LoRA adapters load and unload at runtime through vLLM's
+endpoints (`POST /v1/load_lora_adapter {"lora_name", "lora_path"}`, `POST
+/v1/unload_lora_adapter {"lora_name"}`, as vLLM serves them with
+`VLLM_ALLOW_RUNTIME_LORA_UPDATING=True --enable-lora`); a request names an adapter as its
+`model`, and `/v1/models` lists adapters with the base model as their parent.
 
     python -m training.lm.server --model DIR --host 127.0.0.1 --port 8000 \\
         [--served-model-name NAME] [--extra-latency-ms MS] [--max-batch-size N]

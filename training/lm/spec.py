@@ -85,6 +85,7 @@ def parse_policy_spec(text: str) -> PolicySpec:
 
 _WEIGHT_FILES = (
     "model.safetensors",
+    "adapter_model.safetensors",
     "model.safetensors.index.json",
     "pytorch_model.bin",
     "pytorch_model.bin.index.json",
@@ -98,7 +99,8 @@ def check_model_dir(model_dir: str | Path) -> None:
     if not where.is_dir():
         raise PolicySpecError(f"hf:{model_dir}: no such directory")
     missing = []
-    if not (where / "config.json").is_file():
+    adapter = (where / "adapter_config.json").is_file()  # a LoRA adapter over its base model
+    if not adapter and not (where / "config.json").is_file():
         missing.append("config.json")
     if not any((where / name).is_file() for name in _WEIGHT_FILES):
         missing.append("weights (model.safetensors or pytorch_model.bin)")

@@ -174,7 +174,15 @@ def build_tiny_model(
         torch.manual_seed(seed)
         model: Any = Qwen2ForCausalLM(config)
         if tool_call_training is not None:
-            _fine_tune_on_transcripts(model, tokenizer, transcripts, tool_call_training, seed)
+            fine_tune_on_transcripts(
+                model,
+                tokenizer,
+                transcripts,
+                steps=tool_call_training.steps,
+                batch_size=tool_call_training.batch_size,
+                learning_rate=tool_call_training.learning_rate,
+                seed=seed,
+            )
     model.eval()
     model.generation_config.eos_token_id = [config.eos_token_id, tokenizer.eos_token_id]
     model.generation_config.pad_token_id = config.pad_token_id
@@ -472,39 +480,57 @@ def transcript_token_ids(tokenizer: Any, transcript: Transcript) -> tuple[list[i
     return ids, trained
 
 
-def _fine_tune_on_transcripts(
+def fine_tune_on_transcripts(
     model: Any,
     tokenizer: Any,
     transcripts: Sequence[Transcript],
-    training: ToolCallTraining,
+    *,
+    steps: int,
+    batch_size: int,
+    learning_rate: float,
     seed: int,
-) -> None:
-    """Supervised fine-tune on the assistant tokens of `transcripts` (AdamW, cosine decay) for
-    exactly `training.steps` steps, on one thread: the result depends on the step budget alone,
-    not on how busy the machine is or how many cores it has (thread counts change the order of
-    floating-point sums)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        _fine_tune_steps(model, tokenizer, transcripts, training, seed)
-    finally:
+    threads: int | None = 1,
+) -> list[float]:
+    """Supervised fine-tune on the assistant tokens of `transcripts` (AdamW, 10-step warm-up,
+    cosine decay) for exactly `steps` steps; returns the loss of every step. The result depends
+    on the step budget alone, never on how busy the machine is: `threads` (1 by default, None:
+    torch's own count) is fixed for the run because thread counts change the order of
+    floating-point sums."""
+    threads_before = torch.get_num_threads()
+    if threads is not None:
         torch.set_num_threads(threads)
+    try:
+        return _fine_tune_steps(
+            model,
+            tokenizer,
+            transcripts,
+            steps=steps,
+            batch_size=batch_size,
+            learning_rate=learning_rate,
+            seed=seed,
+        )
+    finally:
+        torch.set_num_threads(threads_before)
 
 
 def _fine_tune_steps(
     model: Any,
     tokenizer: Any,
     transcripts: Sequence[Transcript],
-    training: ToolCallTraining,
+    *,
+    steps: int,
+    batch_size: int,
+    learning_rate: float,
     seed: int,
-) -> None:
+) -> list[float]:
     encoded = [transcript_token_ids(tokenizer, transcript) for transcript in transcripts]
     pad_id = tokenizer.pad_token_id
-    optimizer = torch.optim.AdamW(model.parameters(), lr=training.learning_rate, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
     order = random.Random(f"rollyard-tiny-order:{seed}")
     model.train()
-    for step in range(training.steps):
-        batch = order.sample(encoded, k=min(training.batch_size, len(encoded)))
+    losses: list[float] = []
+    for step in range(steps):
+        batch = order.sample(encoded, k=min(batch_size, len(encoded)))
         length = max(len(ids) for ids, _ in batch)
         input_ids = torch.full((len(batch), length), pad_id, dtype=torch.long)
         labels = torch.full((len(batch), length), -100, dtype=torch.long)
@@ -516,15 +542,17 @@ def _fine_tune_steps(
             labels[row, : len(ids)] = torch.where(
                 torch.tensor(trained), tensor, torch.full_like(tensor, -100)
             )
-        scale = 0.5 * (1 + math.cos(math.pi * step / training.steps))
+        scale = 0.5 * (1 + math.cos(math.pi * step / steps))
         for group in optimizer.param_groups:
-            group["lr"] = training.learning_rate * min(1.0, (step + 1) / 10) * scale
+            group["lr"] = learning_rate * min(1.0, (step + 1) / 10) * scale
         loss = _assistant_token_loss(model, input_ids, attention, labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
+        losses.append(float(loss.detach()))
     model.eval()
+    return losses
 
 
 def _assistant_token_loss(

@@ -2,11 +2,9 @@
 
 Read top to bottom like CleanRL's ppo.py:
 
-1. `group_advantages` — samples of one task in one iteration form a group; each trajectory's
-   advantage is its reward minus the group mean (divided by the group's standard deviation when
-   `normalize_by_std`). Groups that cannot teach anything are masked *explicitly* and counted:
-   groups whose rewards are all equal (zero variance: every advantage would be 0) and groups
-   holding infra failures (sandbox, verifier, task or policy errors: no reward to compare).
+1. `training.advantages.group_advantages` (shared with the language-model trainer) — each
+   trajectory's advantage against its group, with zero-variance and infra-failure groups masked
+   explicitly and counted.
 2. `step_advantages` — every action of a trajectory shares its advantage, and each trial
    (`TryEdit`) adds its credit (`trial_credits`: kept or reverted, against its group's trials).
 3. `GRPOTrainer.update` — for `epochs`
@@ -17,6 +15,8 @@ Read top to bottom like CleanRL's ppo.py:
    policy's entropy at the target (`adapted_entropy_coef`).
 4. Metrics come back as an `UpdateMetrics` value (`as_dict()` for the store's metrics table);
    `state_dict()` holds policy + optimizer (and the adapted entropy weight) for checkpoints.
+
+`GRPOTrainer` implements `training.trainer.Trainer`.
 """
 
 from __future__ import annotations
@@ -24,16 +24,23 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from training.actions import TryEdit, trial_kept
+from training.advantages import (
+    GroupStats,
+    InfraFailureRule,
+    by_group,
+    group_advantages,
+    teaching_members,
+)
 from training.builtin.scorer_policy import CandidateScorerPolicy
 from training.errors import TrainerError
 from training.policy import ScorerRecord
+from training.trainer import Trainer
 from training.trajectory import Trajectory
 
 if TYPE_CHECKING:
@@ -97,26 +104,12 @@ class GRPOConfig:
     kept (a multi-bug task half fixed). 0 turns it off (plain GRPO)."""
     min_group_size: int = 2
     """Groups with fewer trainable samples than this are masked (no baseline to compare to)."""
-    infra_failures: Literal["mask_group", "drop_samples"] = "mask_group"
+    infra_failures: InfraFailureRule = "mask_group"
     """What a group with an infra failure contributes. `mask_group`: nothing — its baseline
     would come from fewer samples than its peers', and failures can correlate with what the
     policy did. `drop_samples`: its trainable samples, if `min_group_size` remain."""
     seed: int = 0
     """Seed of minibatch shuffling."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class GroupStats:
-    """How the batch's groups were used."""
-
-    groups_total: int
-    groups_used: int
-    groups_zero_variance: int
-    groups_with_infra_failures: int
-    groups_too_small: int
-    samples_total: int
-    samples_used: int
-    samples_infra_failed: int
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -152,66 +145,6 @@ class UpdateMetrics:
         return values
 
 
-def training_signal(trajectory: Trajectory, config: GRPOConfig) -> float:
-    """What a trainable trajectory scored, for the group comparison."""
-    assert trajectory.reward is not None
-    return trajectory.reward + config.fixed_tests_weight * (trajectory.fixed_fraction or 0.0)
-
-
-def _by_group(trajectories: Sequence[Trajectory]) -> dict[str, list[Trajectory]]:
-    """Trajectories keyed by `Trajectory.group_id` (run / iteration / group / task)."""
-    groups: dict[str, list[Trajectory]] = defaultdict(list)
-    for trajectory in trajectories:
-        groups[trajectory.group_id].append(trajectory)
-    return groups
-
-
-def group_advantages(
-    trajectories: Sequence[Trajectory], config: GRPOConfig | None = None
-) -> tuple[dict[str, float], GroupStats]:
-    """Advantage per episode id for the trajectories that train; everything else is absent.
-
-    Groups are keyed by `Trajectory.group_id` (run / iteration / group / task)."""
-    config = config or GRPOConfig()
-    groups = _by_group(trajectories)
-    advantages: dict[str, float] = {}
-    used = zero_variance = with_infra = too_small = infra_samples = samples_used = 0
-    for members in groups.values():
-        failed = [t for t in members if not t.trainable]
-        infra_samples += len(failed)
-        if failed:
-            with_infra += 1
-            if config.infra_failures == "mask_group":
-                continue
-        trainable = [t for t in members if t.trainable]
-        if len(trainable) < config.min_group_size:
-            too_small += 1
-            continue
-        rewards = torch.tensor([training_signal(t, config) for t in trainable], dtype=torch.float64)
-        variance = float(rewards.var(unbiased=False))
-        if variance <= config.advantage_epsilon**2:
-            zero_variance += 1
-            continue
-        centered = rewards - rewards.mean()
-        if config.normalize_by_std:
-            centered = centered / (math.sqrt(variance) + config.advantage_epsilon)
-        for trajectory, advantage in zip(trainable, centered.tolist(), strict=True):
-            advantages[trajectory.episode_id] = advantage
-        used += 1
-        samples_used += len(trainable)
-    stats = GroupStats(
-        groups_total=len(groups),
-        groups_used=used,
-        groups_zero_variance=zero_variance,
-        groups_with_infra_failures=with_infra,
-        groups_too_small=too_small,
-        samples_total=len(trajectories),
-        samples_used=samples_used,
-        samples_infra_failed=infra_samples,
-    )
-    return advantages, stats
-
-
 def trial_credits(
     trajectories: Sequence[Trajectory], config: GRPOConfig | None = None
 ) -> dict[tuple[str, int], float]:
@@ -222,14 +155,9 @@ def trial_credits(
     config = config or GRPOConfig()
     if config.trial_credit_weight == 0.0:
         return {}
-    groups = _by_group(trajectories)
     credits: dict[tuple[str, int], float] = {}
-    for members in groups.values():
-        if config.infra_failures == "mask_group" and any(not t.trainable for t in members):
-            continue
-        trainable = [t for t in members if t.trainable]
-        if len(trainable) < config.min_group_size:
-            continue
+    for members in by_group(trajectories).values():
+        trainable = teaching_members(members, config)
         trials = [
             (trajectory.episode_id, step.index, float(trial_kept(step.observation.text)))
             for trajectory in trainable
@@ -311,11 +239,13 @@ class _Sample:
     episode_id: str
 
 
-class GRPOTrainer:
+class GRPOTrainer(Trainer):
     """Trains a `CandidateScorerPolicy` in place from batches of trajectories."""
 
+    kind = "builtin"
+
     def __init__(self, policy: CandidateScorerPolicy, config: GRPOConfig | None = None) -> None:
-        self.policy = policy
+        self._policy = policy
         self.config = config or GRPOConfig()
         self.optimizer = torch.optim.Adam(policy.network.parameters(), lr=self.config.learning_rate)
         self.updates = 0
@@ -324,6 +254,10 @@ class GRPOTrainer:
         """Weight of the entropy bonus in the next optimizer step: `entropy_coef`, or its adapted
         value when `target_entropy` is set."""
         self._random = random.Random(self.config.seed)
+
+    @property
+    def policy(self) -> CandidateScorerPolicy:
+        return self._policy
 
     def _samples(
         self, trajectories: Sequence[Trajectory], advantages: Mapping[tuple[str, int], float]
@@ -430,6 +364,28 @@ class GRPOTrainer:
             "entropy_coef": self.entropy_coef,
         }
 
+    def save_checkpoint(
+        self,
+        store: TrajectoryStore,
+        *,
+        run_id: str,
+        iteration: int,
+        trained_on_iterations: Sequence[int] = (),
+        n_episodes: int = 0,
+        parent_policy_version: str | None = None,
+    ) -> CheckpointInfo:
+        """Save policy + optimizer to the store under the policy's current version."""
+        return store.checkpoints.save(
+            run_id,
+            self.policy.version,
+            self.state_dict(),
+            iteration=iteration,
+            trained_on_iterations=trained_on_iterations,
+            n_episodes=n_episodes,
+            parent_policy_version=parent_policy_version,
+            metadata={"policy": self.policy.name, "updates": self.updates, "trainer": self.kind},
+        )
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.policy.load_state_dict(state["policy"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -441,30 +397,6 @@ class GRPOTrainer:
             self._random.setstate(_as_random_state(shuffle_state))
 
 
-def save_checkpoint(
-    trainer: GRPOTrainer,
-    store: TrajectoryStore,
-    *,
-    run_id: str,
-    iteration: int,
-    trained_on_iterations: Sequence[int] = (),
-    n_episodes: int = 0,
-    parent_policy_version: str | None = None,
-) -> CheckpointInfo:
-    """Save the trainer (policy + optimizer) to the store under the policy's current version;
-    replaying it is a no-op (the store keeps one checkpoint per version)."""
-    return store.checkpoints.save(
-        run_id,
-        trainer.policy.version,
-        trainer.state_dict(),
-        iteration=iteration,
-        trained_on_iterations=trained_on_iterations,
-        n_episodes=n_episodes,
-        parent_policy_version=parent_policy_version,
-        metadata={"policy": trainer.policy.name, "updates": trainer.updates},
-    )
-
-
 def load_checkpoint(
     store: TrajectoryStore,
     run_id: str,
@@ -473,7 +405,8 @@ def load_checkpoint(
     config: GRPOConfig | None = None,
     seed: int = 0,
 ) -> GRPOTrainer:
-    """A trainer (and its policy) restored from a checkpoint `save_checkpoint` wrote."""
+    """A trainer (and its policy) restored from a checkpoint `GRPOTrainer.save_checkpoint`
+    wrote."""
     state, _ = store.checkpoints.load(run_id, policy_version)
     policy = CandidateScorerPolicy.from_state_dict(state["policy"], seed=seed)
     trainer = GRPOTrainer(policy, config or GRPOConfig(**state["config"]))

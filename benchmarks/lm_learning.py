@@ -1,0 +1,235 @@
+"""Does a tiny language model learn with token-level GRPO? SFT warm start, then RL through the
+real train flow, several seeds, figures for the README.
+
+1. Tasks of the `settings` family (set one constant of a package to the value the instruction
+   gives; pytest verifies): a warm-start set, a training set and a held-out set, disjoint.
+2. A tiny Qwen2-architecture model (config + tokenizer trained here, random weights) is
+   warm-started with the real command: `rollyard sft --tasks WARM --policy hf:BASE --out SFT
+   --no-test-run` (reference solutions replayed as tool calls in bwrap sandboxes, verified, then
+   fine-tuned on).
+3. The warm-started policy is scored on the held-out tasks.
+4. Per seed, `flows.train.run_training` trains it with `--policy hf:SFT` (Prefect + a Dask
+   LocalCluster + bwrap + the verifier + the store + the quality gates; the LM trainer), then
+   the last checkpoint's directory (`hf:DIR`) is scored on the held-out tasks.
+
+Targets (issue 16): the mean over seeds of (mean reward of the last three iterations - reward of
+the first) >= 0.2, and a held-out pass rate above the warm-started policy's.
+
+    python benchmarks/lm_learning.py --seeds 0 1 2 --work /tmp/lm-learning
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def write_tasks(root: Path, name: str, indices: range) -> Path:
+    from tasks_lib.sources.families.settings.generate import (
+        plan_settings_task,
+        write_settings_task,
+    )
+
+    out = root / name
+    for index in indices:
+        write_settings_task(plan_settings_task(0, index), out / f"settings-0-{index:04d}")
+    return out
+
+
+def build_base(root: Path, hidden_size: int, layers: int) -> Path:
+    from training.lm.tiny import TinyModelSize, build_tiny_model
+
+    size = TinyModelSize(
+        hidden_size=hidden_size,
+        intermediate_size=3 * hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+    )
+    return build_tiny_model(root / "base", seed=0, size=size)
+
+
+def warm_start(root: Path, base: Path, warm_tasks: Path, args: argparse.Namespace) -> Path:
+    """The real command line, in a subprocess."""
+    out = root / "sft"
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    command = [
+        sys.executable, "-m", "flows.cli", "sft", "--tasks", str(warm_tasks),
+        "--policy", f"hf:{base}", "--out", str(out), "--no-test-run",
+        "--steps", str(args.sft_steps), "--batch-size", "4",
+        "--learning-rate", str(args.sft_learning_rate), "--store", str(root / "sft-store"),
+    ]  # fmt: skip
+    finished = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if finished.returncode != 0:
+        raise SystemExit(f"rollyard sft failed ({finished.returncode}):\n{finished.stderr[-3000:]}")
+    print("sft:", finished.stdout.strip().splitlines()[-1], flush=True)
+    return out
+
+
+def held_out_pass_rate(
+    model_dir: Path, tasks: Path, store: Path, run_id: str, samples: int, seed: int, sampling: Any
+) -> float:
+    """Pass rate of `hf:model_dir` over every held-out task, `samples` episodes each."""
+    from storage import TrajectoryStore
+    from tasks_lib.format.finder import tasks_in
+    from training.lm.spec import policy_from_spec
+    from training.local import rollout_batch
+
+    task_dirs = tasks_in(tasks)
+    batch = rollout_batch(
+        task_dirs,
+        TrajectoryStore(store),
+        policy=policy_from_spec(f"hf:{model_dir}", sampling=sampling),
+        run_id=run_id,
+        iteration=0,
+        tasks_per_iteration=len(task_dirs),
+        group_size=samples,
+        max_steps=4,
+        seed=seed,
+    )
+    scored = [t for t in batch if t.trainable]
+    return sum(1 for t in scored if t.passed) / len(scored) if scored else 0.0
+
+
+def train_seed(
+    root: Path, sft: Path, train_tasks: Path, seed: int, args: argparse.Namespace, sampling: Any
+) -> tuple[list[Any], Path, list[dict[str, Any]]]:
+    from flows.train import TrainSettings, run_training
+    from storage import TrajectoryStore
+    from training.lm.trainer import LMTrainerConfig
+
+    store = root / f"store-{seed}"
+    settings = TrainSettings(
+        tasks_dir=str(train_tasks),
+        store=str(store),
+        run_id=f"lm-{seed}",
+        policy=f"hf:{sft}",
+        lm_trainer=LMTrainerConfig(
+            learning_rate=args.learning_rate,
+            loss_aggregation="token",
+            kl_coef=args.kl_coef,
+            seed=seed,
+        ),
+        sampling=sampling,
+        iterations=args.iterations,
+        tasks_per_iteration=args.tasks_per_iteration,
+        group_size=args.group_size,
+        shards_per_iteration=2,
+        max_steps=4,
+        seed=seed,
+    )
+    summaries = run_training(settings, workers=2)
+    opened = TrajectoryStore(store)
+    latest = max(opened.checkpoints.recorded(f"lm-{seed}"), key=lambda c: c.iteration)
+    model_dir = Path(opened.root) / latest.metadata["model_dir"]
+    metrics = opened.query(
+        "SELECT iteration, name, value FROM metrics WHERE run_id = ? AND source = 'train_flow' "
+        "AND name IN ('sampled_tokens_per_s', 'trained_tokens_per_s', 'rollout_wall_s', "
+        "'update_s', 'logprob_mismatch_max_abs', 'tokens_trained') ORDER BY iteration",
+        [f"lm-{seed}"],
+    ).to_pylist()
+    return summaries, model_dir, metrics
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--work", type=Path, required=True, help="a new directory")
+    parser.add_argument("--iterations", type=int, default=6)
+    parser.add_argument("--tasks-per-iteration", type=int, default=6)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--train-tasks", type=int, default=12)
+    parser.add_argument("--warm-tasks", type=int, default=48)
+    parser.add_argument("--held-out-tasks", type=int, default=12)
+    parser.add_argument("--held-out-samples", type=int, default=2)
+    parser.add_argument("--hidden-size", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--sft-steps", type=int, default=150)
+    parser.add_argument("--sft-learning-rate", type=float, default=2e-3)
+    parser.add_argument("--learning-rate", type=float, default=2e-5)
+    parser.add_argument("--kl-coef", type=float, default=0.0)
+    parser.add_argument("--max-tokens", type=int, default=96)
+    args = parser.parse_args()
+
+    from training.lm.conversation import ChatSampling
+    from training.lm.tiny import parameter_count
+
+    started = time.monotonic()
+    root = args.work.resolve()
+    root.mkdir(parents=True, exist_ok=False)
+    train_tasks = write_tasks(root, "train", range(args.train_tasks))
+    held_tasks = write_tasks(root, "held-out", range(500, 500 + args.held_out_tasks))
+    warm_tasks = write_tasks(root, "warm", range(1000, 1000 + args.warm_tasks))
+    base = build_base(root, args.hidden_size, args.layers)
+    parameters = parameter_count(base)
+    print(f"base model: {parameters / 1e6:.2f} M parameters", flush=True)
+    sampling = ChatSampling(temperature=1.0, max_tokens=args.max_tokens)
+    sft = warm_start(root, base, warm_tasks, args)
+    sft_s = time.monotonic() - started
+    warm_pass = held_out_pass_rate(
+        sft, held_tasks, root / "eval-store", "held-out-sft", args.held_out_samples, 0, sampling
+    )
+    print(f"warm-started held-out pass rate {warm_pass:.3f} ({sft_s:.0f} s so far)", flush=True)
+
+    rows = []
+    for seed in args.seeds:
+        seed_started = time.monotonic()
+        summaries, trained_dir, metrics = train_seed(root, sft, train_tasks, seed, args, sampling)
+        rewards = [s.reward_mean for s in summaries]
+        trained_pass = held_out_pass_rate(
+            trained_dir,
+            held_tasks,
+            root / "eval-store",
+            f"held-out-{seed}",
+            args.held_out_samples,
+            0,
+            sampling,
+        )
+        gain = statistics.fmean(rewards[-3:]) - rewards[0]
+        by_name: dict[str, list[float]] = {}
+        for row in metrics:
+            by_name.setdefault(row["name"], []).append(float(row["value"]))
+        row = {
+            "seed": seed,
+            "rewards": rewards,
+            "gain": gain,
+            "quarantined": [s.iteration for s in summaries if s.quarantined],
+            "held_out_trained": trained_pass,
+            "seconds": time.monotonic() - seed_started,
+            **{f"mean_{k}": statistics.fmean(v) for k, v in by_name.items()},
+        }
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+    total_s = time.monotonic() - started
+    mean_gain = statistics.fmean(r["gain"] for r in rows)
+    mean_held = statistics.fmean(r["held_out_trained"] for r in rows)
+    print("\n| seed | reward per iteration | last 3 | gain | held-out pass, warm start | "
+          "held-out pass, trained |")  # fmt: skip
+    print("|---:|---|---:|---:|---:|---:|")
+    for r in rows:
+        curve = " ".join(f"{x:.2f}".lstrip("0") for x in r["rewards"])
+        print(f"| {r['seed']} | {curve} | {statistics.fmean(r['rewards'][-3:]):.3f} | "
+              f"{r['gain']:+.3f} | {warm_pass:.3f} | {r['held_out_trained']:.3f} |")  # fmt: skip
+    print(f"| mean | | | **{mean_gain:+.3f}** | {warm_pass:.3f} | **{mean_held:.3f}** |")
+    print(f"\nmodel {parameters / 1e6:.2f} M parameters; total {total_s:.0f} s "
+          f"(warm start {sft_s:.0f} s)")  # fmt: skip
+    print(f"target gain >= +0.2 on the mean: {'met' if mean_gain >= 0.2 else 'not met'}; "
+          f"held-out above the warm start: {'met' if mean_held > warm_pass else 'not met'}")  # fmt: skip
+    (root / "result.json").write_text(
+        json.dumps({"rows": rows, "warm_pass": warm_pass, "total_s": total_s}, indent=1)
+    )
+
+
+if __name__ == "__main__":
+    main()

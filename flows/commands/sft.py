@@ -1,0 +1,58 @@
+"""`rollyard sft`: the supervised warm start (reference solutions replayed as tool calls, then a
+fine-tune), written as a Hugging Face directory for `--policy hf:OUT`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+from flows.cli import positive_float, positive_int
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "sft",
+        help="fine-tune a local model on tasks' reference solutions replayed as tool calls",
+    )
+    parser.add_argument("--tasks", required=True, type=Path, help="directory of task directories")
+    parser.add_argument("--policy", required=True, help="hf:DIR, the model to start from")
+    parser.add_argument("--out", required=True, type=Path, help="new directory for the model")
+    parser.add_argument("--steps", type=positive_int, default=200)
+    parser.add_argument("--batch-size", type=positive_int, default=4)
+    parser.add_argument("--learning-rate", type=positive_float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--no-test-run",
+        action="store_true",
+        help="transcripts submit right after the edits (no run of the tests: shorter episodes)",
+    )
+    parser.add_argument("--store", default=".rollyard", help="where the local Prefect API lives")
+    parser.add_argument("--workers", type=positive_int, default=2, help="Dask worker processes")
+    parser.add_argument("--dask-address", default=None, help="a running Dask scheduler")
+    parser.set_defaults(handler=sft_command)
+
+
+def sft_command(args: argparse.Namespace) -> int:
+    from flows.sft import SFTParams, run_sft_flow
+    from training.lm.sft import SFTSettings
+
+    params = SFTParams(
+        tasks_dir=str(args.tasks),
+        policy=args.policy,
+        out=str(args.out),
+        settings=SFTSettings(
+            steps=args.steps,
+            batch_size=args.batch_size,
+            learning_rate=args.learning_rate,
+            seed=args.seed,
+        ),
+        run_tests=not args.no_test_run,
+    )
+    params.model_dir()  # a spec that is not hf:DIR fails here, before anything starts
+    result = run_sft_flow(
+        params, store=args.store, workers=args.workers, dask_address=args.dask_address
+    )
+    print(json.dumps(dataclasses.asdict(result)), flush=True)
+    return 0

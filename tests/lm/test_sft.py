@@ -1,0 +1,138 @@
+"""The supervised warm start: reference solutions as tool calls, replayed and verified in a
+sandbox, and the `sft` flow end to end on a few tasks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tasks_lib import load_task
+from tasks_lib.sources.families.settings import generate_settings_tasks, plan_settings_task
+from training.actions import EditFile
+from training.lm.sft import edit_actions, reference_transcripts
+from training.lm.tiny import TinyModelSize, build_tiny_model
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def apply(text: str, actions: list[EditFile]) -> str:
+    for action in actions:
+        assert text.count(action.old_text) == 1, action
+        text = text.replace(action.old_text, action.new_text)
+    return text
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from([f"line {i}\n" for i in range(12)]), min_size=1, max_size=10, unique=True
+    ),
+    st.lists(
+        st.sampled_from([f"line {i}\n" for i in range(20)]), min_size=0, max_size=10, unique=True
+    ),
+)
+def test_edit_actions_turn_the_old_text_into_the_new(old: list[str], new: list[str]) -> None:
+    edits = edit_actions("f.py", "".join(old), "".join(new))
+    assert all(isinstance(e, EditFile) and e.path == "f.py" for e in edits)
+    assert apply("".join(old), edits) == "".join(new)  # type: ignore[arg-type]
+
+
+def test_an_edit_grows_until_its_text_is_unique() -> None:
+    old = "x = 1\ny = 2\nx = 1\nz = 3\n"
+    (edit,) = edit_actions("f.py", old, "x = 1\ny = 2\nx = 1\nz = 4\n")
+    assert isinstance(edit, EditFile) and edit.old_text == "z = 3\n"
+    (edit,) = edit_actions("f.py", old, "x = 1\ny = 2\nx = 5\nz = 3\n")
+    assert isinstance(edit, EditFile) and old.count(edit.old_text) == 1
+    assert apply(old, [edit]) == "x = 1\ny = 2\nx = 5\nz = 3\n"
+
+
+@pytest.mark.slow  # two replays and their verifications in bwrap: ~1 min on 2 busy cores
+def test_reference_replays_are_verified_transcripts_with_real_observations(tmp_path: Path) -> None:
+    task_dirs = generate_settings_tasks(tmp_path / "tasks", 2, seed=3)
+    transcripts, skipped = reference_transcripts(task_dirs, run_tests=True)
+    assert skipped == [] and len(transcripts) == 2
+    plan = plan_settings_task(3, 0)
+    messages = transcripts[0].messages
+    assert (
+        messages[0]["role"] == "system"
+        and messages[1]["content"] == load_task(task_dirs[0]).instruction
+    )
+    calls = [m["tool_calls"][0]["function"] for m in messages if m["role"] == "assistant"]
+    assert [c["name"] for c in calls] == ["read_file", "edit_file", "run_command", "submit"]
+    edit = json.loads(calls[1]["arguments"])
+    assert edit["new_text"] == f"{plan.target} = {plan.right_value}\n"
+    observations = [m["content"] for m in messages if m["role"] == "tool"]
+    # Real observations: the file as the sandbox held it, the edit's answer, pytest's run.
+    assert f"{plan.target} = {plan.wrong_value}" in observations[0]
+    assert observations[1].startswith("edited ")
+    assert "passed" in observations[2] and "[exit code 0]" in observations[2]
+
+
+@pytest.mark.slow  # a Prefect server, a Dask cluster, replays and a fine-tune: minutes
+def test_the_sft_command_writes_a_model_the_hf_policy_loads(tmp_path: Path) -> None:
+    task_dirs = generate_settings_tasks(tmp_path / "tasks", 3, seed=4)
+    size = TinyModelSize(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1,
+    )  # fmt: skip
+    base = build_tiny_model(tmp_path / "base", seed=0, size=size)
+    out = tmp_path / "sft"
+    finished = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "flows.cli",
+            "sft",
+            "--tasks",
+            str(task_dirs[0].parent),
+            "--policy",
+            f"hf:{base}",
+            "--out",
+            str(out),
+            "--steps",
+            "4",
+            "--no-test-run",
+            "--store",
+            str(tmp_path / "store"),
+            "--workers",
+            "1",
+        ],
+        env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    result = json.loads(finished.stdout.strip().splitlines()[-1])
+    assert result["transcripts"] == 3 and result["steps"] == 4 and result["skipped"] == []
+    from training.lm.hf_policy import HFPolicy
+
+    assert HFPolicy(out).version != HFPolicy(base).version  # fine-tuned weights, loadable
+
+    refused = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "flows.cli",
+            "sft",
+            "--tasks",
+            str(task_dirs[0].parent),
+            "--policy",
+            "builtin",
+            "--out",
+            str(tmp_path / "x"),
+        ],
+        env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert refused.returncode == 2 and "hf:DIR" in refused.stderr
+    assert not (tmp_path / "x").exists()

@@ -1,0 +1,288 @@
+"""Supervised warm start: chat transcripts from tasks' reference solutions, and a fine-tune on them.
+
+A task's reference solution (`solution/solve.sh`, run by `tasks_lib.verify.oracle`) becomes the
+tool calls an agent would make: read each changed file, replace each changed block with
+`edit_file` (the smallest block of whole lines that occurs once), write new files and remove
+deleted ones with `run_command`, run the task's tests, submit. Those calls are replayed through a
+sandbox by the ordinary episode runner, so every observation is the real one, and the verifier
+scores the replay: only transcripts whose replay scores 1 are kept. The model is then fine-tuned
+on the assistant turns of the kept transcripts (`training.lm.tiny.fine_tune_on_transcripts`) and
+written as a Hugging Face directory — the usual pipeline is this, then RL (`hf:OUT`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import shlex
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sandboxes import Limits, SandboxPool
+from tasks_lib.format.loader import load_task
+from tasks_lib.format.model import Task
+from training.actions import (
+    Action,
+    EditFile,
+    ReadFile,
+    RunCommand,
+    Submit,
+    history_messages,
+)
+from training.episode import EpisodeConfig
+from training.errors import TrainingSettingsError
+from training.lm.conversation import SYSTEM_PROMPT, TOOL_SCHEMAS
+from training.lm.tiny import Transcript, fine_tune_on_transcripts
+from training.policy import ScriptedPolicy
+from training.recovery import RecoveryPolicy, run_episode_with_recovery
+from training.trajectory import EpisodeKey, Trajectory
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SFTSettings:
+    """How long and how fast the supervised fine-tune runs."""
+
+    steps: int = 200
+    """Optimizer steps (each on `batch_size` transcripts drawn from the kept ones)."""
+    batch_size: int = 4
+    learning_rate: float = 1e-3
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.batch_size < 1 or not self.learning_rate > 0:
+            raise TrainingSettingsError(
+                f"sft needs steps >= 1, batch_size >= 1 and learning_rate > 0; got {self}"
+            )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SFTResult:
+    """What `run_sft` did."""
+
+    out_dir: str
+    tasks: int
+    transcripts: int
+    """Replays that scored 1 (the fine-tune's data)."""
+    skipped: tuple[str, ...]
+    """`task id: why` for every task whose replay could not be used."""
+    steps: int
+    first_loss: float
+    last_loss: float
+    assistant_tokens: int
+    """Tokens trained on per pass over the transcripts."""
+
+
+def _unique_block(text: str, start: int, end: int) -> tuple[int, int]:
+    """Grow the line range [start, end) of `text`'s lines (by one line each side, in turn)
+    until its text occurs once in `text`."""
+    lines = text.splitlines(keepends=True)
+    while True:
+        block = "".join(lines[start:end])
+        if block and text.count(block) == 1:
+            return start, end
+        if start == 0 and end >= len(lines):
+            return 0, len(lines)
+        start, end = max(0, start - 1), min(len(lines), end + 1)
+
+
+def edit_actions(path: str, old: str, new: str) -> list[Action]:
+    """`edit_file` calls turning `old` into `new`, one per changed block (last block first, so
+    each edit's text is still the original's when it is applied)."""
+    old_lines = old.splitlines(keepends=True)
+    new_lines = new.splitlines(keepends=True)
+    matcher = difflib.SequenceMatcher(a=old_lines, b=new_lines, autojunk=False)
+    edits: list[Action] = []
+    for tag, a_start, a_end, b_start, b_end in reversed(matcher.get_opcodes()):
+        if tag == "equal":
+            continue
+        start, end = _unique_block(old, a_start, max(a_end, a_start + 1))
+        replaced = "".join(old_lines[start:end])
+        replacement = (
+            "".join(old_lines[start:a_start])
+            + "".join(new_lines[b_start:b_end])
+            + "".join(old_lines[a_end:end])
+        )
+        edits.append(EditFile(path, replaced, replacement))
+    return edits
+
+
+def reference_actions(
+    task: Task, files: dict[str, bytes], deleted: Sequence[str], *, run_tests: bool = True
+) -> list[Action]:
+    """The tool calls that make the solution's changes (`files`: path -> new bytes), then run
+    the tests (`run_tests`) and submit."""
+    actions: list[Action] = []
+    for path in sorted(files):
+        new = files[path].decode("utf-8")
+        original = task.snapshot_dir / path
+        if original.is_file():
+            old = original.read_text("utf-8")
+            actions.append(ReadFile(path))
+            actions += edit_actions(path, old, new)
+        else:
+            quoted = shlex.quote(path)
+            actions.append(
+                RunCommand(
+                    f"mkdir -p \"$(dirname {quoted})\" && cat > {quoted} <<'ROLLYARD_EOF'\n"
+                    f"{new}ROLLYARD_EOF"
+                )
+            )
+    actions += [RunCommand(f"rm -f {shlex.quote(path)}") for path in sorted(deleted)]
+    if run_tests and task.test_command:
+        actions.append(RunCommand(task.test_command))
+    actions.append(Submit())
+    return actions
+
+
+def replay_reference(
+    task: Task, pool: SandboxPool, *, key: EpisodeKey, run_tests: bool = True
+) -> Trajectory:
+    """The reference solution replayed as tool calls through a sandbox and verified."""
+    from tasks_lib.verify.oracle import solution_changes
+
+    changes = solution_changes(task)
+    actions = reference_actions(
+        task, dict(changes.files), tuple(changes.deleted), run_tests=run_tests
+    )
+    policy = ScriptedPolicy(actions, version=f"reference:{task.id}")
+    return run_episode_with_recovery(
+        task,
+        policy,
+        pool,
+        key=key,
+        config=EpisodeConfig(max_steps=len(actions)),
+        recovery=RecoveryPolicy(),
+    )
+
+
+def transcript_of(trajectory: Trajectory) -> Transcript:
+    """The replay as the chat a language-model policy would have had (same system prompt, same
+    tools, same message rendering as `training.lm.conversation`)."""
+    messages = history_messages(trajectory.history(), system_prompt=SYSTEM_PROMPT)
+    return Transcript(tuple(messages), tuple(TOOL_SCHEMAS))
+
+
+def reference_transcripts(
+    task_dirs: Sequence[str | Path], *, run_tests: bool = True, run_id: str = "sft"
+) -> tuple[list[Transcript], list[str]]:
+    """Transcripts of the tasks' verified replays, and `task id: why` for those left out.
+    `run_tests` puts a run of the task's tests before the submit (the agent checks its work;
+    off, episodes are shorter)."""
+    transcripts: list[Transcript] = []
+    skipped: list[str] = []
+    with SandboxPool(limits=Limits(), max_idle_per_snapshot=1) as pool:
+        for index, task_dir in enumerate(sorted(Path(d) for d in task_dirs)):
+            task = load_task(task_dir)
+            try:
+                trajectory = replay_reference(
+                    task, pool, key=EpisodeKey(run_id, 0, group_index=index), run_tests=run_tests
+                )
+            except Exception as error:  # a task whose solution cannot run is left out, named
+                skipped.append(f"{task.id}: {type(error).__name__}: {error}"[:300])
+                continue
+            if trajectory.reward != 1.0:
+                skipped.append(
+                    f"{task.id}: the replay scored {trajectory.reward} ({trajectory.status}: "
+                    f"{trajectory.error or 'tests failed'})"[:300]
+                )
+                continue
+            transcripts.append(transcript_of(trajectory))
+    return transcripts, skipped
+
+
+def fine_tune(
+    model_dir: str | Path,
+    transcripts: Sequence[Transcript],
+    out_dir: str | Path,
+    settings: SFTSettings,
+) -> tuple[list[float], int]:
+    """Fine-tune the model of `model_dir` on `transcripts` and write it (with its tokenizer) to
+    `out_dir`, all at once at the end; returns the step losses and the assistant tokens of one
+    pass."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from training.lm.tiny import transcript_token_ids
+
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        raise TrainingSettingsError(f"{out} exists and is not empty; give a new --out directory")
+    if not transcripts:
+        raise TrainingSettingsError("no reference transcripts to fine-tune on")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    assistant_tokens = sum(sum(transcript_token_ids(tokenizer, t)[1]) for t in transcripts)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(settings.seed)
+        losses = fine_tune_on_transcripts(
+            model,
+            tokenizer,
+            transcripts,
+            steps=settings.steps,
+            batch_size=settings.batch_size,
+            learning_rate=settings.learning_rate,
+            seed=settings.seed,
+            threads=None,
+        )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+        if out.exists():
+            out.rmdir()
+        partial.rename(out)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return losses, assistant_tokens
+
+
+def run_sft(
+    task_dirs: Sequence[str | Path],
+    model_dir: str | Path,
+    out_dir: str | Path,
+    settings: SFTSettings | None = None,
+    *,
+    run_tests: bool = True,
+) -> SFTResult:
+    """Replay the tasks' reference solutions, fine-tune on the verified transcripts, write
+    `out_dir` (what `hf:OUT_DIR` acts with). In one process; `flows.sft` spreads the replays
+    over Dask."""
+    from training.lm.spec import check_model_dir
+
+    settings = settings or SFTSettings()
+    check_model_dir(model_dir)
+    transcripts, skipped = reference_transcripts(task_dirs, run_tests=run_tests)
+    return finish_sft(model_dir, out_dir, settings, transcripts, skipped, tasks=len(task_dirs))
+
+
+def finish_sft(
+    model_dir: str | Path,
+    out_dir: str | Path,
+    settings: SFTSettings,
+    transcripts: Sequence[Transcript],
+    skipped: Sequence[str],
+    *,
+    tasks: int,
+) -> SFTResult:
+    """Fine-tune on the replays' transcripts and say what was done."""
+    if not transcripts:
+        raise TrainingSettingsError(
+            f"none of the {tasks} tasks' reference solutions replayed to reward 1: "
+            + "; ".join(skipped[:3])
+        )
+    losses, tokens = fine_tune(model_dir, transcripts, out_dir, settings)
+    return SFTResult(
+        out_dir=str(out_dir),
+        tasks=tasks,
+        transcripts=len(transcripts),
+        skipped=tuple(skipped),
+        steps=len(losses),
+        first_loss=losses[0] if losses else 0.0,
+        last_loss=losses[-1] if losses else 0.0,
+        assistant_tokens=tokens,
+    )
