@@ -73,13 +73,15 @@ def _healthy(api_url: str) -> bool:
 class LocalPrefectServer:
     """A `prefect server start` child process on loopback, its database under `home`."""
 
-    def __init__(self, home: Path, *, port: int | None = None) -> None:
+    def __init__(self, home: Path, *, port: int | None = None, host: str = "127.0.0.1") -> None:
         self.home = Path(home)
+        self.host = host
+        """The address it listens on: loopback, or one that workers on other hosts reach."""
         self.port = port or _free_port()
-        self.api_url = f"http://127.0.0.1:{self.port}/api"
+        self.api_url = f"http://{host}:{self.port}/api"
         self._process: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> str:
+    def start(self, *, timeout_s: float = SERVER_START_TIMEOUT_S) -> str:
         self.home.mkdir(parents=True, exist_ok=True)
         prefect = shutil.which("prefect", path=str(Path(sys.executable).parent)) or "prefect"
         env = {**os.environ, **QUIET_ENV, "PREFECT_HOME": str(self.home)}
@@ -92,7 +94,7 @@ class LocalPrefectServer:
                 "server",
                 "start",
                 "--host",
-                "127.0.0.1",
+                self.host,
                 "--port",
                 str(self.port),
                 "--no-ui",
@@ -104,7 +106,7 @@ class LocalPrefectServer:
             start_new_session=True,
         )
         log.close()
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if _healthy(self.api_url):
                 return self.api_url
@@ -116,7 +118,7 @@ class LocalPrefectServer:
             time.sleep(0.25)
         self.stop()
         raise PrefectServerError(
-            f"prefect server did not answer on {self.api_url} within {SERVER_START_TIMEOUT_S} s; "
+            f"prefect server did not answer on {self.api_url} within {timeout_s:.0f} s; "
             f"see {self.home / 'server.log'}"
         )
 

@@ -5,14 +5,17 @@ a shard of episodes (Prefect costs 160-270 ms per task under the Dask runner her
 are never one task each). Exactly-once lives in the store, not in Prefect's result cache: shards
 commit under (run, iteration, shard), and the trainer consumes only what the store says is
 committed and not quarantined by the iteration's quality gate. In async mode the next
-iterations roll out while the trainer updates, within a policy-lag bound. Resume starts after
+iterations roll out while the trainer updates, within a policy-lag bound; in streaming mode
+(`train_streaming`, at the end) finished groups feed the trainer as they come. Resume starts after
 the last iteration whose completion marker (a metrics row written last) is in the store.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -47,6 +50,15 @@ from training.rollout import (
     plan_iteration,
     predict_episode_seconds,
     rollout_shard_and_commit,
+    run_shard,
+    worker_name,
+)
+from training.streaming import (
+    STREAM_SHARD,
+    CompletedGroup,
+    StreamBatch,
+    StreamBuffer,
+    commit_step,
 )
 from training.trainer import Trainer, TrainerMetrics
 from training.trajectory import Trajectory
@@ -88,10 +100,12 @@ class TrainSettings:
     mode: str = "sync"
     """`sync`: roll out iteration i with the policy after update i-1, then update. `async`:
     rollouts of the next `max_policy_lag` iterations are already running while the trainer
-    updates, so neither side waits; episodes carry their policy lag."""
+    updates, so neither side waits; episodes carry their policy lag. `streaming`: groups roll
+    out continuously and the trainer takes a batch of `tasks_per_iteration` groups as soon as
+    one has finished (`train_streaming`); each such batch is an iteration of the store."""
     max_policy_lag: int = 1
-    """Async only: how many updates behind the trainer a consumed episode's policy may be;
-    staler episodes are not trained on (counted in the metrics)."""
+    """Async and streaming: how many updates behind the trainer a consumed episode's policy
+    may be; staler episodes are not trained on (counted in the metrics)."""
     schedule: Schedule = "longest_first"
     """Shard planning: `longest_first` (durations predicted from the store) or `round_robin`."""
     max_attempts: int = 3
@@ -109,6 +123,9 @@ class TrainSettings:
     deadlines summed (plus `SHARD_START_ALLOWANCE_S`) is treated as hung (a worker that stopped
     answering, a call stuck in the kernel); its worker is restarted, its episodes run again on
     a live one and commit exactly once. Inside, each episode also has its task's own budget."""
+    update_stand_in_s: float = 0.0
+    """Benchmarks only: seconds each update waits before the real one, standing in for the
+    update time of a trainer on an accelerator (`benchmarks/async.py`)."""
     gate_on_failure: str = "continue"
     """What a failed quality gate does besides quarantining the iteration: `continue` training
     (the quarantined batch is not trained on) or `stop` the run. Thresholds come from
@@ -120,8 +137,10 @@ class TrainSettings:
             raise FlowSettingsError(
                 f"max_concurrent_requests must be >= 1, got {self.max_concurrent_requests}"
             )
-        if self.mode not in ("sync", "async"):
-            raise FlowSettingsError(f"mode must be 'sync' or 'async', got {self.mode!r}")
+        if self.mode not in ("sync", "async", "streaming"):
+            raise FlowSettingsError(
+                f"mode must be 'sync', 'async' or 'streaming', got {self.mode!r}"
+            )
         if self.max_policy_lag < 1:
             raise FlowSettingsError(f"max_policy_lag must be >= 1, got {self.max_policy_lag}")
         if self.iterations < 1:
@@ -134,6 +153,8 @@ class TrainSettings:
             raise FlowSettingsError(
                 f"episode_deadline_s must be positive, got {self.episode_deadline_s}"
             )
+        if self.update_stand_in_s < 0:
+            raise FlowSettingsError(f"update_stand_in_s must be >= 0, got {self.update_stand_in_s}")
         if self.schedule not in ("longest_first", "round_robin"):
             raise FlowSettingsError(
                 f"schedule must be 'longest_first' or 'round_robin', got {self.schedule!r}"
@@ -343,7 +364,12 @@ def gate_iteration(
 
 
 @task(name="update_policy", cache_policy=NO_CACHE)
-def update_policy(trainer: Trainer, trajectories: list[Trajectory]) -> TrainerMetrics:
+def update_policy(
+    trainer: Trainer, trajectories: list[Trajectory], stand_in_s: float = 0.0
+) -> TrainerMetrics:
+    # A benchmark's stand-in for an accelerator's update time: waiting, not computing, since
+    # that time is spent on the trainer's device, not on the rollout hosts' CPUs.
+    time.sleep(stand_in_s)
     return trainer.update(trajectories)
 
 
@@ -407,6 +433,10 @@ def train(settings: TrainSettings) -> list[IterationSummary]:
     if first_iteration:
         logger.info("resuming run %s at iteration %d", settings.run_id, first_iteration)
     recovery = RecoveryPolicy(settings.max_attempts, settings.recovery_mode)  # type: ignore[arg-type]
+    if settings.mode == "streaming":
+        streamed = train_streaming(settings, store, trainer, task_dirs, first_iteration, recovery)
+        _publish_run_table(settings, streamed)
+        return streamed
     in_flight: dict[int, _Submitted] = {}
     shard_episodes: dict[Any, int] = {}
     watch = HungShardWatch(
@@ -478,13 +508,17 @@ def train(settings: TrainSettings) -> list[IterationSummary]:
         publish_iteration_artifacts(store, settings.run_id, iteration)
         summaries.append(summary)
         _report("iteration_done", summary=summary)
+    _publish_run_table(settings, summaries)
+    return summaries
+
+
+def _publish_run_table(settings: TrainSettings, summaries: list[IterationSummary]) -> None:
     if summaries:
         create_table_artifact(
             key=re.sub(r"[^a-z0-9-]+", "-", f"train-{settings.run_id}".lower()),
             table=[dataclasses.asdict(s) for s in summaries],
             description=f"Iterations of run {settings.run_id}",
         )
-    return summaries
 
 
 def _consume(
@@ -532,7 +566,7 @@ def _consume(
         quarantined=report.quarantined,
         gate_reason=report.reason,
         wall_s=time.monotonic() - submitted.started,
-        update=update_policy,
+        update=functools.partial(update_policy, stand_in_s=settings.update_stand_in_s),
         policy_lag=policy_lag,
         stale_dropped=stale_dropped,
     )
@@ -568,3 +602,271 @@ def run_training(
     runner = dask_task_runner(workers, dask_address)
     with prefect_api(prefect_home_for(settings.store)):
         return train.with_options(task_runner=runner)(settings)
+
+
+# -- the streaming mode ------------------------------------------------------------------
+#
+# The train flow's streaming mode: groups roll out on Dask continuously, each finished group
+# enters the experience buffer at once, and the trainer takes a batch as soon as one is full.
+#
+# One slow episode holds only its own group, never a step. The rollout side keeps at most
+# `(max_policy_lag + 1) * tasks_per_iteration` groups outstanding (running or buffered), planned
+# in waves with the policy of the moment, so a group planned now is trained on at most
+# `max_policy_lag` updates later unless it straggles; stragglers past the bound are dropped by the
+# buffer's rule (`training.streaming`), committed once and counted. Each step is one store
+# iteration: committed in one exactly-once shard, gated, trained on through `trainer.update`,
+# checkpointed and marked done like a synchronous iteration, so resume, the quality gate and
+# every reader work unchanged. The trainer is reached only through `training.iteration`'s
+# `finish_iteration` and the `update` callable: any `training.trainer.Trainer` (its `policy`,
+# `updates` and `update(batch)`) streams.
+
+WAVES_PER_RUN_STEP = 1000
+"""Wave numbers (the rollout keys' iteration before re-keying) start at step x this, so a
+resumed run samples fresh task draws instead of repeating the first waves."""
+
+
+def run_group(request: ShardRequest, planned_at_update: int) -> CompletedGroup:
+    """Run one group's episodes (a `by_group` shard) without committing: the step it lands in
+    is known only when it finishes, and the step commits it."""
+    return CompletedGroup(tuple(run_shard(request)), planned_at_update, worker_name())
+
+
+@task(name="rollout_group", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
+def rollout_group(request: ShardRequest, planned_at_update: int) -> CompletedGroup:
+    return run_group(request, planned_at_update)
+
+
+class _Outstanding:
+    """Submitted groups not yet finished, with a wake-up on each finish (any task runner)."""
+
+    def __init__(self) -> None:
+        self.futures: list[Any] = []
+        self.finished = threading.Event()
+
+    def add(self, future: Any) -> None:
+        self.futures.append(future)
+        future.wrapped_future.add_done_callback(lambda _: self.finished.set())
+
+    def take_done(self) -> list[Any]:
+        done = [f for f in self.futures if f.wrapped_future.done()]
+        self.futures = [f for f in self.futures if not f.wrapped_future.done()]
+        return done
+
+
+def train_streaming(
+    settings: TrainSettings,
+    store: TrajectoryStore,
+    trainer: Trainer,
+    task_dirs: list[Path],
+    first_step: int,
+    recovery: RecoveryPolicy,
+) -> list[IterationSummary]:
+    """The streaming loop of the `train` flow (see the module docstring)."""
+    logger = get_run_logger()
+    run_id = settings.run_id
+    batch_groups = settings.tasks_per_iteration
+    buffer = StreamBuffer(batch_groups=batch_groups, max_policy_lag=settings.max_policy_lag)
+    outstanding = _Outstanding()
+    watch = HungShardWatch(
+        lambda _future: settings.group_size * settings.episode_deadline_s + SHARD_START_ALLOWANCE_S
+    )
+    summaries: list[IterationSummary] = []
+    step = first_step
+    if step < settings.iterations and store.is_committed(run_id, step, STREAM_SHARD):
+        summaries.append(_close_interrupted_step(store, trainer, settings, step))
+        _report("iteration_done", summary=summaries[-1])
+        step += 1
+    wave = step * WAVES_PER_RUN_STEP
+    last_step_end = time.monotonic()
+    idle_since: float | None = None
+
+    def fill() -> None:
+        nonlocal wave
+        while (
+            len(outstanding.futures) + len(buffer) + batch_groups
+            <= (settings.max_policy_lag + 1) * batch_groups
+        ):
+            requests = plan_iteration(
+                task_dirs,
+                run_id=run_id,
+                iteration=wave,
+                policy=trainer.policy,
+                tasks_per_iteration=batch_groups,
+                group_size=settings.group_size,
+                shard_count=batch_groups,
+                seed=settings.seed,
+                episode_config=EpisodeConfig(max_steps=settings.max_steps, seed=settings.seed),
+                recovery=recovery,
+                faults=settings.faults,
+                schedule="by_group",
+                max_concurrent_requests=settings.max_concurrent_requests,
+            )
+            for request in requests:
+                outstanding.add(rollout_group.submit(request, trainer.updates))
+            _report(
+                "iteration_start",
+                iteration=step,
+                episodes=sum(len(r.episodes) for r in requests),
+            )
+            wave += 1
+
+    while step < settings.iterations:
+        fill()
+        outstanding.finished.clear()
+        done = outstanding.take_done()
+        if not done:
+            if not outstanding.finished.wait(WORKER_CHECK_INTERVAL_S):
+                watch(outstanding.futures)
+                idle_since = _check_workers(idle_since, settings, len(outstanding.futures))
+            continue
+        idle_since = None
+        for future in done:
+            group: CompletedGroup = future.result()
+            buffer.add(group)
+            _report(
+                "shard_done",
+                iteration=step,
+                episodes=len(group.trajectories),
+                rewards=[t.reward for t in group.trajectories],
+                queued_shards=len(outstanding.futures),
+            )
+        while step < settings.iterations and (batch := buffer.take_batch(trainer.updates)):
+            waited_s = time.monotonic() - last_step_end
+            summary = _train_step(store, trainer, settings, step, batch, waited_s, len(buffer))
+            last_step_end = time.monotonic()
+            summaries.append(summary)
+            _report("iteration_done", summary=summary)
+            step += 1
+            fill()  # the new policy's groups start before the next batch is looked at
+    for future in outstanding.futures:
+        future.wrapped_future.cancel()
+    if outstanding.futures or len(buffer):
+        logger.info(
+            "streaming run %s done: %d group(s) still running and %d finished but not needed "
+            "were not committed (rolled out past the last step)",
+            run_id,
+            len(outstanding.futures),
+            len(buffer),
+        )
+    return summaries
+
+
+def _check_workers(idle_since: float | None, settings: TrainSettings, pending: int) -> float | None:
+    """The no-worker clock of `flows.train.completed_while_workers_remain`, for a pending set
+    that grows while the flow waits."""
+    if dask_worker_count() != 0:
+        return None
+    now = time.monotonic()
+    idle_since = idle_since if idle_since is not None else now
+    if now - idle_since >= settings.no_worker_timeout_s:
+        raise NoWorkersError(
+            f"the Dask cluster has had no worker for {now - idle_since:.0f} s with {pending} "
+            "group(s) still queued; start workers (or check why they died: memory, the "
+            "machine) and rerun with --resume"
+        )
+    return idle_since
+
+
+def _train_step(
+    store: TrajectoryStore,
+    trainer: Trainer,
+    settings: TrainSettings,
+    step: int,
+    batch: StreamBatch,
+    waited_s: float,
+    carried_over_groups: int,
+) -> IterationSummary:
+    """Commit the batch as iteration `step`, gate it, update on it unless quarantined,
+    checkpoint and mark the step done."""
+    logger = get_run_logger()
+    every, trained, _ = commit_step(store, batch, run_id=settings.run_id, step=step)
+    gate = gate_iteration(
+        store,
+        settings.run_id,
+        step,
+        GateSettings.from_env(on_failure=settings.gate_on_failure),
+        len(every),
+    )
+    if gate.quarantined:
+        logger.warning("step %d quarantined by its quality gate: %s", step, gate.reason)
+        if gate.should_stop:
+            raise GateStoppedRun(
+                f"step {step} failed its quality gate and gate_on_failure=stop: {gate.reason}"
+            )
+    # Filled while the update runs, read by finish_iteration after it: the trainer's busy time.
+    extra: dict[str, float] = {
+        "stream_wait_s": waited_s,
+        "carried_over_groups": float(carried_over_groups),
+        "stale_dropped_groups": float(len(batch.stale)),
+    }
+
+    def timed_update(trainer: Trainer, trajectories: list[Trajectory]) -> TrainerMetrics:
+        started = time.monotonic()
+        metrics = update_policy(trainer, trajectories, stand_in_s=settings.update_stand_in_s)
+        extra["update_s"] = time.monotonic() - started
+        return metrics
+
+    summary = finish_iteration(
+        store,
+        trainer,
+        run_id=settings.run_id,
+        iteration=step,
+        batch=every,
+        trainable=[] if gate.quarantined else trained,
+        quarantined=gate.quarantined,
+        gate_reason=gate.reason,
+        wall_s=waited_s,
+        extra_metrics=extra,
+        update=timed_update,
+        policy_lag=batch.max_policy_lag,
+        stale_dropped=batch.stale_episodes,
+    )
+    logger.info(
+        "step %d: %d episodes (%d stale dropped), mean reward %.3f, max policy lag %d, "
+        "waited %.1f s for the batch, %d group(s) carried over",
+        step,
+        summary.episodes,
+        batch.stale_episodes,
+        summary.reward_mean,
+        batch.max_policy_lag,
+        waited_s,
+        carried_over_groups,
+    )
+    return summary
+
+
+def _close_interrupted_step(
+    store: TrajectoryStore, trainer: Trainer, settings: TrainSettings, step: int
+) -> IterationSummary:
+    """A step committed before the run stopped but never marked done: its groups' rollouts were
+    lost with the flow, so it is closed without an update (its episodes stay, once, counted as
+    dropped) and streaming resumes at the next step."""
+    committed = store.read_episodes(
+        settings.run_id, step, columns=["episode_id"], include_quarantined=True
+    ).num_rows
+    gate = gate_iteration(
+        store,
+        settings.run_id,
+        step,
+        GateSettings.from_env(on_failure=settings.gate_on_failure),
+        committed,
+    )
+    get_run_logger().warning(
+        "step %d of run %s was committed but not trained on before the run stopped: closing it "
+        "without an update (%d episodes kept, not trained on)",
+        step,
+        settings.run_id,
+        committed,
+    )
+    return finish_iteration(
+        store,
+        trainer,
+        run_id=settings.run_id,
+        iteration=step,
+        batch=[],
+        trainable=[],
+        quarantined=gate.quarantined,
+        gate_reason=gate.reason,
+        wall_s=0.0,
+        stale_dropped=committed,
+    )

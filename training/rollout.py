@@ -96,7 +96,7 @@ def sample_task_dirs(
     return rng.sample(ordered, count)
 
 
-Schedule = Literal["round_robin", "longest_first"]
+Schedule = Literal["round_robin", "longest_first", "by_group"]
 
 
 def plan_iteration(
@@ -123,12 +123,14 @@ def plan_iteration(
     `round_robin` spreads each group across shards. `longest_first` uses `predicted_s` (task dir
     -> predicted episode seconds, see `predict_episode_seconds`): episodes are placed longest
     first onto the least-loaded shard and shards are returned heaviest first, so long tasks start
-    early and no straggler holds the batch at the end (LPT scheduling)."""
+    early and no straggler holds the batch at the end (LPT scheduling). `by_group` makes each
+    group its own shard (`shard_count` is not used): the streaming mode's unit, so a group is
+    done as soon as its own samples are."""
     if group_size < 1 or tasks_per_iteration < 1 or shard_count < 1:
         raise TrainingSettingsError("group_size, tasks_per_iteration and shard_count must be >= 1")
-    if schedule not in ("round_robin", "longest_first"):
+    if schedule not in ("round_robin", "longest_first", "by_group"):
         raise TrainingSettingsError(
-            f"schedule must be round_robin or longest_first, got {schedule!r}"
+            f"schedule must be round_robin, longest_first or by_group, got {schedule!r}"
         )
     chosen = sample_task_dirs(task_dirs, count=tasks_per_iteration, iteration=iteration, seed=seed)
     episodes = [
@@ -140,7 +142,11 @@ def plan_iteration(
         for sample in range(group_size)
     ]
     shard_count = min(shard_count, len(episodes))
-    if schedule == "longest_first":
+    if schedule == "by_group":
+        shards = [
+            episodes[start : start + group_size] for start in range(0, len(episodes), group_size)
+        ]
+    elif schedule == "longest_first":
         shards = _longest_first(episodes, shard_count, predicted_s or {})
     else:
         shards = [episodes[shard::shard_count] for shard in range(shard_count)]
@@ -236,9 +242,14 @@ def run_shard(request: ShardRequest, *, pool: SandboxPool | None = None) -> list
             f"{request.policy_version}: the policy bytes are corrupt"
         )
 
+    # Loaded here, in one thread: the loader parses test files with `ast.parse`, which
+    # CPython 3.11 before 3.11.8 can fail with a spurious "AST constructor recursion depth
+    # mismatch" when threads parse at once (python/cpython#106905).
+    tasks = {episode.task_dir: _load_task_cached(episode.task_dir) for episode in request.episodes}
+
     def run(episode: EpisodeRequest, acting: Policy) -> Trajectory:
         return run_episode_with_recovery(
-            _load_task_cached(episode.task_dir),
+            tasks[episode.task_dir],
             acting,
             pool,
             key=episode.key,

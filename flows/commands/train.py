@@ -72,15 +72,16 @@ def _common_train_options(
     parser.add_argument("--resume", action="store_true", help="continue the run after a stop")
     parser.add_argument(
         "--mode",
-        choices=("sync", "async"),
+        choices=("sync", "async", "streaming"),
         default="sync",
-        help="async: roll out the next iterations while the trainer updates",
+        help="async: roll out the next iterations while the trainer updates; streaming: "
+        "train on each batch of finished groups as soon as it is full",
     )
     parser.add_argument(
         "--max-policy-lag",
         type=positive_int,
         default=1,
-        help="async: updates an episode's policy may lag behind the trainer",
+        help="async, streaming: updates an episode's policy may lag behind the trainer",
     )
     parser.add_argument(
         "--max-attempts",
