@@ -33,11 +33,13 @@ def register(subparsers: Any) -> None:
 
     vacuum = commands.add_parser(
         "vacuum",
-        help="remove steps of lost or abandoned shard commits from the steps table",
+        help="complete half-committed shards; remove steps of abandoned shard commits",
         description=(
-            "Remove from the steps table the files of shard commits that lost to another commit "
-            "of the same shard (readers already leave them out), in one Delta commit. Optionally "
-            "also the steps of shards never committed, and delete unreferenced files from disk."
+            "Complete the shards a stopped writer left between its steps and episodes commits, "
+            "then remove from the steps table the files of shard commits that lost to another "
+            "commit of the same shard (only stores written by earlier versions hold any; readers "
+            "already leave them out), in one Delta commit. Optionally also the steps of shards "
+            "never committed, and delete unreferenced files from disk."
         ),
     )
     vacuum.add_argument("--store", default=".rollyard", help="store root (default: ./.rollyard)")
@@ -78,6 +80,7 @@ def vacuum_command(args: argparse.Namespace) -> int:
     except StoreError as error:
         raise CliError(str(error)) from error
     print(
+        f"completed {len(result.completed_shards)} shard(s) a stopped writer left half-committed; "
         f"removed {len(result.removed_files)} steps file(s) ({result.removed_rows} rows) from the "
         f"steps table; deleted {len(result.deleted_files)} file(s) from disk"
     )
