@@ -1,4 +1,5 @@
-"""`rollyard store`: maintenance of a trajectory store (`compact`, `vacuum`)."""
+"""`rollyard store`: maintenance of a trajectory store (`compact`, `vacuum`) and a DuckDB database
+file over it for other DuckDB clients (`duckdb-file`)."""
 
 from __future__ import annotations
 
@@ -62,6 +63,57 @@ def register(subparsers: Any) -> None:
         ),
     )
     vacuum.set_defaults(handler=vacuum_command)
+
+    database = commands.add_parser(
+        "duckdb-file",
+        help="write a DuckDB database file with views over the store, for any DuckDB client",
+        description=(
+            "Write OUT, a DuckDB database holding a view per table (and the derived views) over "
+            "one snapshot of the store, taken now: the DuckDB CLI, DBeaver or any DuckDB client "
+            "opens it without rollyard. Views read the store's Parquet files in place; write the "
+            "file again to see newer data. It is replaced whole, never half-written."
+        ),
+    )
+    database.add_argument(
+        "out", metavar="OUT", help="the database file to write, e.g. store.duckdb"
+    )
+    database.add_argument("--store", default=".rollyard", help="store root (default: ./.rollyard)")
+    database.add_argument(
+        "--install-delta",
+        action="store_true",
+        help=(
+            "also download DuckDB's delta extension (needs network access), so `rollyard query` "
+            "reads the tables through delta_scan from then on (default: off)"
+        ),
+    )
+    database.set_defaults(handler=duckdb_file_command)
+
+
+def duckdb_file_command(args: argparse.Namespace) -> int:
+    import duckdb
+
+    from storage import StoreError, TrajectoryStore
+    from storage.queries import load_delta_extension
+
+    try:
+        store = TrajectoryStore(args.store, create=False)
+        copied = store.write_duckdb_file(args.out)
+    except StoreError as error:
+        raise CliError(str(error)) from error
+    print(
+        f"wrote {args.out}: views over {store.root}"
+        + (f" (copied, not viewed: {', '.join(copied)})" if copied else "")
+    )
+    if args.install_delta:
+        with duckdb.connect() as con:
+            installed = load_delta_extension(con, install=True)
+        print(
+            "DuckDB's delta extension is installed; queries read the tables through delta_scan"
+            if installed
+            else "could not install DuckDB's delta extension (no network?); queries read the "
+            "Parquet files directly, which shows the same rows"
+        )
+    return 0
 
 
 def vacuum_command(args: argparse.Namespace) -> int:
