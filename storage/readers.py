@@ -2,10 +2,10 @@
 
 Reads take one snapshot of every table they need when a reader is made (`connect`, `read_*`,
 `query`), so a query never mixes versions, and they see committed data only: steps files of
-shard commits that never reached the episodes table are left out (`storage.commits`). DuckDB
-reads the snapshot's live Parquet files of episodes and steps with its own reader in a local store,
-and every other table (and remote stores) as Arrow datasets built from the log (its delta extension
-needs a download).
+shard commits that never reached the episodes table are left out (`storage.commits`). In a
+local store DuckDB reads every table through its delta extension (`delta_scan` at the snapshot's
+version) where that is installed (it needs a download), else the big tables' live Parquet files
+with its own reader; the rest (and remote stores) as Arrow datasets built from the log.
 """
 
 from __future__ import annotations

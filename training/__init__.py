@@ -40,6 +40,7 @@ from training.episode import (
 )
 from training.errors import (
     ActionParseError,
+    EnvInfrastructureError,
     EnvLifecycleError,
     PolicyError,
     PolicyServerError,
@@ -55,6 +56,7 @@ from training.grpo import (
     load_checkpoint,
     save_checkpoint,
 )
+from training.gym_env import RollyardEnv, make_task_env
 from training.policy import ChatRecord, Decision, Policy, ScorerRecord, ScriptedPolicy
 from training.trajectory import EpisodeKey, Step, Trajectory
 
@@ -65,6 +67,7 @@ __all__ = [
     "ChatRecord",
     "Decision",
     "EditFile",
+    "EnvInfrastructureError",
     "EnvLifecycleError",
     "EpisodeConfig",
     "EpisodeKey",
@@ -78,6 +81,7 @@ __all__ = [
     "PolicyError",
     "PolicyServerError",
     "ReadFile",
+    "RollyardEnv",
     "RunCommand",
     "ScorerConfig",
     "ScorerRecord",
@@ -96,6 +100,7 @@ __all__ = [
     "group_advantages",
     "history_messages",
     "load_checkpoint",
+    "make_task_env",
     "run_episode",
     "save_checkpoint",
     "verify_agent_sandbox",
