@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -114,9 +113,10 @@ def show_command(args: argparse.Namespace) -> int:
 
 
 def record_command(args: argparse.Namespace) -> int:
+    from rollyard.settings import settings
     from storage import StoreError
 
-    reviewer = args.reviewer or os.environ.get("ROLLYARD_REVIEWER") or getpass.getuser()
+    reviewer = args.reviewer or settings().reviewer or getpass.getuser()
     store = _store(args)
     context = {"verifier": args.verifier, "family": args.family}
     try:
