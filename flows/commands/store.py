@@ -7,8 +7,9 @@ import argparse
 from datetime import timedelta
 from typing import Any
 
-from flows.cli import non_negative_int, positive_float
+from flows.cli import add_store_option, non_negative_int, positive_float
 from flows.errors import CliError
+from flows.output import add_format_option, emit, note
 
 
 def register(subparsers: Any) -> None:
@@ -27,9 +28,10 @@ def register(subparsers: Any) -> None:
             "not committed are left as they are. Run it on iterations that are done."
         ),
     )
-    compact.add_argument("--store", default=".rollyard", help="store root (default: ./.rollyard)")
+    add_store_option(compact)
     compact.add_argument("--run-id", default=None, help="only this run")
     compact.add_argument("--iteration", type=non_negative_int, default=None, help="only this one")
+    add_format_option(compact)
     compact.set_defaults(handler=compact_command)
 
     vacuum = commands.add_parser(
@@ -43,7 +45,7 @@ def register(subparsers: Any) -> None:
             "never committed, and delete unreferenced files from disk."
         ),
     )
-    vacuum.add_argument("--store", default=".rollyard", help="store root (default: ./.rollyard)")
+    add_store_option(vacuum)
     vacuum.add_argument(
         "--uncommitted-older-than",
         type=positive_float,
@@ -62,6 +64,7 @@ def register(subparsers: Any) -> None:
             "(Delta vacuum on episodes and steps); 0 only with no writer running"
         ),
     )
+    add_format_option(vacuum)
     vacuum.set_defaults(handler=vacuum_command)
 
     database = commands.add_parser(
@@ -77,7 +80,7 @@ def register(subparsers: Any) -> None:
     database.add_argument(
         "out", metavar="OUT", help="the database file to write, e.g. store.duckdb"
     )
-    database.add_argument("--store", default=".rollyard", help="store root (default: ./.rollyard)")
+    add_store_option(database)
     database.add_argument(
         "--install-delta",
         action="store_true",
@@ -86,6 +89,7 @@ def register(subparsers: Any) -> None:
             "reads the tables through delta_scan from then on (default: off)"
         ),
     )
+    add_format_option(database)
     database.set_defaults(handler=duckdb_file_command)
 
 
@@ -100,19 +104,16 @@ def duckdb_file_command(args: argparse.Namespace) -> int:
         copied = store.write_duckdb_file(args.out)
     except StoreError as error:
         raise CliError(str(error)) from error
-    print(
-        f"wrote {args.out}: views over {store.root}"
-        + (f" (copied, not viewed: {', '.join(copied)})" if copied else "")
-    )
+    installed = None
     if args.install_delta:
         with duckdb.connect() as con:
             installed = load_delta_extension(con, install=True)
-        print(
-            "DuckDB's delta extension is installed; queries read the tables through delta_scan"
-            if installed
-            else "could not install DuckDB's delta extension (no network?); queries read the "
-            "Parquet files directly, which shows the same rows"
-        )
+        if not installed:
+            note(
+                "could not install DuckDB's delta extension (no network?); queries read the "
+                "Parquet files directly, which shows the same rows"
+            )
+    emit({"out": args.out, "store": store.root, "copied": copied, "delta_extension": installed})
     return 0
 
 
@@ -131,10 +132,13 @@ def vacuum_command(args: argparse.Namespace) -> int:
         )
     except StoreError as error:
         raise CliError(str(error)) from error
-    print(
-        f"completed {len(result.completed_shards)} shard(s) a stopped writer left half-committed; "
-        f"removed {len(result.removed_files)} steps file(s) ({result.removed_rows} rows) from the "
-        f"steps table; deleted {len(result.deleted_files)} file(s) from disk"
+    emit(
+        {
+            "completed_shards": len(result.completed_shards),
+            "removed_files": len(result.removed_files),
+            "removed_rows": result.removed_rows,
+            "deleted_files": len(result.deleted_files),
+        }
     )
     return 0
 
@@ -147,8 +151,12 @@ def compact_command(args: argparse.Namespace) -> int:
         result = store.compact(run_id=args.run_id, iteration=args.iteration)
     except StoreError as error:
         raise CliError(str(error)) from error
-    print(
-        f"compacted {len(result.partitions)} partition(s): {result.files_before} steps files -> "
-        f"{result.files_after} ({result.rows} rows)"
+    emit(
+        {
+            "partitions": len(result.partitions),
+            "files_before": result.files_before,
+            "files_after": result.files_after,
+            "rows": result.rows,
+        }
     )
     return 0
