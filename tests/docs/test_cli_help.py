@@ -113,3 +113,38 @@ def test_completion_scripts_name_every_command(
         if path:
             assert path[-1] in script
     assert "--retention-hours" in script
+
+
+def test_every_setting_the_readme_lists_is_read_by_the_settings_model(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rollyard.settings import RollyardSettings, settings
+
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"`(ROLLYARD_[A-Z_]+)", section))
+    fields = {f"ROLLYARD_{name.upper()}" for name in RollyardSettings.model_fields}
+    # ROLLYARD_GATE_<FIELD> and ROLLYARD_CURATE_<FIELD> are families, read as the gate and
+    # curate fields.
+    singles = {
+        name for name in listed if not name.startswith(("ROLLYARD_GATE_", "ROLLYARD_CURATE_"))
+    }
+    assert singles and singles <= fields, singles - fields
+    assert {"ROLLYARD_GATE_", "ROLLYARD_CURATE_"} <= listed
+    monkeypatch.setenv("ROLLYARD_GATE_MAX_INFRA_ERROR_RATE", "0.25")
+    monkeypatch.setenv("OPENAI_API_KEY", "plain")
+    monkeypatch.setenv("ROLLYARD_OPENAI_API_KEY", "wins")
+    monkeypatch.setenv("ROLLYARD_SNAPSHOT_CACHE_MB", "12")
+    read = settings()
+    assert read.gate == {"max_infra_error_rate": "0.25"} and read.snapshot_cache_mb == 12
+    assert read.openai_api_key is not None and read.openai_api_key.get_secret_value() == "wins"
+
+
+def test_a_bad_environment_value_is_one_line_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("ROLLYARD_SNAPSHOT_CACHE_MB", "lots")
+    assert main(["query", "SELECT 1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("rollyard: error: ROLLYARD_SNAPSHOT_CACHE_MB='lots'")
+    assert len(err.splitlines()) == 1

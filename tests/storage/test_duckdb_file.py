@@ -3,6 +3,7 @@ rollyard's reader shows; where DuckDB's delta extension loads, queries read thro
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import duckdb
@@ -39,8 +40,18 @@ def test_the_database_file_shows_what_rollyard_shows(
     store = filled_store(tmp_path / "store")
     expected = tuple(store.query(COUNTS).to_pylist()[0].values())
     out = tmp_path / "store.duckdb"
-    assert main(["store", "duckdb-file", str(out), "--store", str(tmp_path / "store")]) == 0
-    assert capsys.readouterr().out.startswith(f"wrote {out}")
+    argv = [
+        "store",
+        "duckdb-file",
+        str(out),
+        "--store",
+        str(tmp_path / "store"),
+        "--format",
+        "json",
+    ]
+    assert main(argv) == 0
+    written = json.loads(capsys.readouterr().out)
+    assert written["out"] == str(out) and "episodes" in written["copied"]
     with duckdb.connect(str(out), read_only=True) as con:  # a plain client, no rollyard
         assert con.sql(COUNTS).fetchall() == [expected]
         views = {name for (name,) in con.sql("SELECT view_name FROM duckdb_views()").fetchall()}

@@ -3,6 +3,7 @@ bad input is one line."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -24,16 +25,23 @@ def test_vacuum_completes_a_stopped_commit_and_removes_a_lost_one(
     store.commit_iteration_shard("run", 0, 0, episodes=episodes, steps=steps)  # ... to this one
     files_before = len(DeltaTable(str(tmp_path / "steps")).file_uris())
 
-    assert main(["store", "vacuum", "--store", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith("completed 1 shard(s)") and "removed 1 steps file(s)" in out
-    assert "deleted 0 file(s)" in out
+    assert main(["store", "vacuum", "--store", str(tmp_path), "--format", "json"]) == 0
+    done = json.loads(capsys.readouterr().out)
+    assert done == {
+        "completed_shards": 1,
+        "removed_files": 1,
+        "removed_rows": done["removed_rows"],
+        "deleted_files": 0,
+    }
+    assert done["removed_rows"] > 0
     assert len(DeltaTable(str(tmp_path / "steps")).file_uris()) == files_before - 1
     visible = assert_consistent(TrajectoryStore(tmp_path))
     assert raw_rows(tmp_path) == visible and visible[0] == 5 + len(episodes)
-    # Nothing left to do the second time.
+    # Nothing left to do the second time; the default format is a table for people.
     assert main(["store", "vacuum", "--store", str(tmp_path)]) == 0
-    assert capsys.readouterr().out.startswith("completed 0 shard(s)")
+    header, _, row, count = capsys.readouterr().out.splitlines()
+    assert header.split() == ["completed_shards", "removed_files", "removed_rows", "deleted_files"]
+    assert row.split() == ["0", "0", "0", "0"] and count == "(1 row)"
 
 
 @pytest.mark.parametrize(
