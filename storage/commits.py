@@ -523,7 +523,8 @@ class CommitEngine:
             lost |= self._commit_until_done(handles, STEPS, steps_table, step_adds, commit_ids)
         if lost:
             steps_table, _ = self.open_in(handles, STEPS, create=False)
-            assert steps_table is not None
+            episodes_table, _ = self.open_in(handles, EPISODES, create=False)
+            assert steps_table is not None and episodes_table is not None
             pending = {
                 shard.app_id: shard
                 for shard in pending_shards(steps_table, episodes_table, app_ids=lost)
@@ -721,7 +722,14 @@ def pending_shards(
             # layout, never completed (`vacuum` removes them).
             if steps.transaction_version(pending.app_id) is not None:
                 found.setdefault(pending.app_id, pending)
-    missing = set(app_ids or ()) - set(found)
+    # Shards whose episodes are in are not pending (a winner that finished): only the rest are
+    # looked for in the commit information.
+    missing = {
+        app_id
+        for app_id in app_ids or ()
+        if app_id not in found
+        and (episodes is None or episodes.transaction_version(app_id) is None)
+    }
     if missing:
         found.update(_pending_without_steps(steps, episodes, missing))
     return list(found.values())
@@ -738,8 +746,6 @@ def _pending_without_steps(
         commit_ids = json.loads(commit.get("rollyard.commit_ids", "[]"))
         for app_id, commit_id in zip(shards, commit_ids, strict=False):
             if app_id not in app_ids or app_id in found:
-                continue
-            if episodes is not None and episodes.transaction_version(app_id) is not None:
                 continue
             _, run_id, iteration, shard = json.loads(app_id.removeprefix("rollyard:"))
             found[app_id] = PendingShard(run_id, int(iteration), int(shard), commit_id)

@@ -297,6 +297,35 @@ def test_writer_killed_between_steps_and_episodes_is_completed_by_the_replay(
     assert not store.commit_iteration_shard("run", 0, 0, episodes=episodes, steps=steps).committed
 
 
+def test_a_stopped_commit_of_a_shard_without_steps_is_completed_by_its_replay(
+    tmp_path: Path,
+) -> None:
+    class Crash(Exception):
+        pass
+
+    original = CommitEngine.commit_files
+
+    def commit_then_crash(
+        self: CommitEngine, table: Any, spec: TableSpec, actions: Any, **kwargs: Any
+    ) -> None:
+        original(self, table, spec, actions, **kwargs)
+        if spec.name == "steps":
+            raise Crash
+
+    store = TrajectoryStore(tmp_path)
+    made, _ = make_shard("run", 0, 0, n_episodes=3, max_steps=3)
+    episodes = [{**episode, "n_steps": 0} for episode in made]  # episodes that never acted
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(CommitEngine, "commit_files", commit_then_crash)
+        with pytest.raises(Crash):  # the steps commit only claims the shard: no file
+            store.commit_iteration_shard("run", 0, 0, episodes=episodes)
+    assert not store.is_committed("run", 0, 0)
+    # The replay finds the owner's commit id in the steps log and commits its episodes file.
+    assert not store.commit_iteration_shard("run", 0, 0, episodes=episodes).committed
+    assert store.is_committed("run", 0, 0)
+    assert raw_rows(tmp_path) == assert_consistent(store) == (3, 0)
+
+
 def test_writer_killed_at_random_points_leaves_readers_consistent(tmp_path: Path) -> None:
     committed_before = 0
     for delay_s in (0.0, 0.013, 0.029, 0.047):
