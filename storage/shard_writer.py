@@ -25,7 +25,7 @@ class ShardWriter:
     (`CommitEngine.commit_group`): one steps commit, then one episodes commit, both carrying
     each shard's transaction id: the steps commit decides which writer owns a shard, the
     episodes commit is its commit point. Shards arriving faster than one commit takes so share
-    the cost of a commit instead of queueing behind one commit each. Each shard stays exactly-
+    the cost of a commit instead of queueing behind one commit each. Each shard stays exactly
     once on its own: a killed process leaves every shard committed, invisible, or owned but not
     yet complete (its steps committed, which rollyard's readers leave out until its replay or
     `vacuum` completes it with this writer's files), and replaying any of them writes nothing
