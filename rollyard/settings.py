@@ -22,17 +22,11 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from rollyard.errors import EXIT_USAGE, RollyardError
+from rollyard.errors import SettingsError
 
 ENV_PREFIX = "ROLLYARD_"
 # Families of variables whose fields belong to a settings class of a package above this one.
 _FAMILIES = {"gate": "ROLLYARD_GATE_", "curate": "ROLLYARD_CURATE_"}
-
-
-class SettingsError(RollyardError, ValueError):
-    """An environment variable holds a value its setting cannot take."""
-
-    exit_code = EXIT_USAGE
 
 
 class RollyardSettings(BaseSettings):
