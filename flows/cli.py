@@ -1,7 +1,16 @@
 """The `rollyard` command line. Each command group lives in `flows/commands/<name>.py` and
 exposes `register(subparsers)`; heavy imports (Prefect, torch, GX) happen inside the handlers so
 `rollyard sandbox run` starts in milliseconds. Any `RollyardError` that reaches `main` is printed
-as one line and exits with its class's code (`rollyard.errors.EXIT_CODE_MEANINGS`)."""
+as one line and exits with its class's code (`rollyard.errors.EXIT_CODE_MEANINGS`).
+
+The conventions every option follows (tests/docs/test_cli_help.py checks them on every command):
+every option has help text; its default is shown by `HelpFormatter` (do not write it into the
+help, unless the default needs words: then say "default: ..." yourself); `--store` comes from
+`add_store_option` (default `ROLLYARD_STORE`); a command that prints results takes
+`flows.output.add_format_option` and hands its rows to `flows.output.emit` (stdout, in the
+chosen format), with summaries (`flows.output.note`), logs and `flows.output.progress` bars on
+stderr.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +19,7 @@ import importlib
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from rollyard.errors import (
     EXIT_CODE_MEANINGS,
@@ -35,6 +44,7 @@ COMMAND_MODULES = (
     "flows.commands.serve",
     "flows.commands.report",
     "flows.commands.review",
+    "flows.commands.completion",
 )
 
 
@@ -79,8 +89,47 @@ def positive_float_up_to(maximum: float | None = None) -> Callable[[str], float]
 positive_float = positive_float_up_to()
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Help that shows each option's default, "(default: X)", unless its help already says
+    what the default is; options without one (None) and flags show none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if has_shown_default(action) and "default" not in text.lower():
+            return f"{text} (default: %(default)s)" if text else "default: %(default)s"
+        return text
+
+
+def has_shown_default(action: argparse.Action) -> bool:
+    """Whether `--help` shows a default for `action`: an option taking a value whose default is
+    a value (not None, not an empty list)."""
+    return (
+        bool(action.option_strings)
+        and action.nargs != 0
+        and action.default is not None
+        and action.default is not argparse.SUPPRESS
+        and action.default not in ([], ())
+    )
+
+
+def add_store_option(parser: argparse.ArgumentParser) -> None:
+    """The `--store` option: the trajectory store root; `main` fills in `ROLLYARD_STORE` (or
+    `.rollyard`) when it is not given, so `--help` and the README read the same everywhere."""
+    parser.add_argument(
+        "--store",
+        default=None,
+        help="trajectory store root, a directory or object-storage URI "
+        "(default: $ROLLYARD_STORE, else .rollyard)",
+    )
+
+
 class _OneLineErrorParser(argparse.ArgumentParser):
-    """Usage errors as one line (what is wrong, where to look) and exit code 2."""
+    """Usage errors as one line (what is wrong, where to look) and exit code 2; help through
+    `HelpFormatter` (sub-command parsers are made by the same class, so they share both)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
@@ -96,11 +145,15 @@ def exit_codes_epilog() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from rollyard import __version__
+
     parser = _OneLineErrorParser(
         prog="rollyard",
         description="Agent RL on executable tasks: sandboxes, tasks, training, store, gates.",
         epilog=exit_codes_epilog(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"rollyard {__version__}", help="print the version"
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module_name in COMMAND_MODULES:
@@ -117,8 +170,15 @@ def one_line(error: BaseException) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from flows.output import FORMATS, printing_results
+    from rollyard.settings import settings
+
+    output_format = getattr(args, "format", None)
     try:
-        code = args.handler(args)
+        if getattr(args, "store", "") is None:
+            args.store = settings().store
+        with printing_results(output_format if output_format in FORMATS else None):
+            code = args.handler(args)
     except RollyardError as error:
         print(f"rollyard: error: {one_line(error)}", file=sys.stderr)
         return exit_code_for(error)

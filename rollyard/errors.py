@@ -55,3 +55,9 @@ def exit_code_for(error: BaseException) -> int:
     if isinstance(error, RollyardError):
         return error.exit_code
     return EXIT_FAILED
+
+
+class SettingsError(RollyardError, ValueError):
+    """An environment variable holds a value its setting cannot take (`rollyard.settings`)."""
+
+    exit_code = EXIT_USAGE

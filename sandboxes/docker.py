@@ -32,6 +32,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from rollyard.settings import settings
 from sandboxes import host
 from sandboxes.base import WORKSPACE_MOUNT, ExecResult, Limits, Sandbox, WorkspaceDiff
 from sandboxes.errors import (
@@ -43,7 +44,6 @@ from sandboxes.output import CappedBuffer
 from sandboxes.snapshot import DIGEST_PREFIX, TreeBounds, prepare_snapshot
 
 BASE_IMAGE_ENV = "ROLLYARD_DOCKER_BASE_IMAGE"
-DEFAULT_BASE_IMAGE = "rollyard/base:bookworm-py3"
 LABEL = "rollyard.sandbox"
 OWNER_LABEL = "rollyard.owner"
 KEY_LABEL = "rollyard.key"
@@ -102,7 +102,7 @@ def _shared_client() -> Any:
 
 
 def base_image() -> str:
-    return os.environ.get(BASE_IMAGE_ENV) or DEFAULT_BASE_IMAGE
+    return settings().docker_base_image
 
 
 def _image_id(client: Any, reference: str) -> str:

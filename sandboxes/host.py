@@ -21,6 +21,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from rollyard.settings import settings
 from sandboxes import cgroups
 from sandboxes.errors import SandboxSetupError, SandboxUnavailableError
 
@@ -29,7 +30,7 @@ SANDBOX_HOST_UID = 65534
 be host root, so the launcher drops to this uid before bwrap starts."""
 
 ROOT_ENV = "ROLLYARD_SANDBOX_ROOT"
-DEFAULT_ROOT = Path("/var/lib/rollyard/sandboxes")
+"""The variable naming the sandbox root (`rollyard.settings.RollyardSettings.sandbox_root`)."""
 
 # Syscalls a test-running workload never needs and an escape attempt usually does.
 BLOCKED_SYSCALLS = (
@@ -65,7 +66,7 @@ class HostLayout:
 
 def host_layout() -> HostLayout:
     # Absolute: mount tables and the snapshot cache compare paths by their text.
-    return HostLayout(Path(os.environ.get(ROOT_ENV) or DEFAULT_ROOT).absolute())
+    return HostLayout(settings().sandbox_root.absolute())
 
 
 # -- capability check -------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rollyard.settings import settings
 from sandboxes import host
 from sandboxes.base import Limits, WorkspaceDiff
 from sandboxes.errors import SnapshotError
@@ -48,8 +49,6 @@ _SYSTEM_DIRS = frozenset(
 )  # fmt: skip
 _PSEUDO_FILESYSTEMS = tuple(Path(p) for p in ("/proc", "/sys", "/dev", "/run"))
 
-DEFAULT_CACHE_MB = 4096
-CACHE_MB_ENV = "ROLLYARD_SNAPSHOT_CACHE_MB"
 CACHE_GRACE_S = 600.0
 """Entries used this recently are never evicted automatically: an opener between its cache hit
 and its mount is not yet visible as a mount."""
@@ -321,13 +320,7 @@ def prepare_snapshot(source: Path, store_dir: Path, *, owner_uid: int,
 
 def default_cache_budget_bytes() -> int:
     """The bwrap snapshot store's byte budget: `ROLLYARD_SNAPSHOT_CACHE_MB`, default 4096 MB."""
-    text = os.environ.get(CACHE_MB_ENV, "")
-    try:
-        megabytes = int(text) if text else DEFAULT_CACHE_MB
-    except ValueError:
-        raise SnapshotError(f"{CACHE_MB_ENV}={text!r} is not a whole number of MB") from None
-    if megabytes < 0:
-        raise SnapshotError(f"{CACHE_MB_ENV}={text!r} must be 0 or more")
+    megabytes = settings().snapshot_cache_mb
     return megabytes << 20
 
 

@@ -6,17 +6,26 @@ optimistic concurrency with automatic retry for concurrent appends, application 
 (`txn` actions) that make a replayed commit detectable inside the same atomic step, and object
 storage through the same code path. A home-made manifest would have to re-implement all four.
 
-How a shard commit stays atomic across two tables. Delta commits one table at a time, so a shard is
-committed in two steps: first its steps (tagged with a fresh `commit_id`), then its episodes, with
-the shard's application transaction id in the same commit. The episodes commit is the commit point:
+How a shard commit stays exactly once across two tables, for every Delta reader. Delta commits
+one table at a time, so a shard is committed in two steps, each carrying the shard's application
+transaction id: first its steps, then its episodes. Both data files are written before either
+commit, and named by the shard commit's fresh `commit_id`.
 
-- replay: if the episodes table already holds the shard's transaction id, nothing is written;
-- killed writer: steps whose (run_id, iteration, shard, commit_id) match no committed episodes are
-  orphans, and every read of `steps` leaves their files out (decided from the Delta log's file
-  statistics, without scanning data: `orphan_step_files`);
-- two writers of the same shard: the second episodes commit fails Delta's conflict check on the
-  transaction id, so exactly one wins, and the loser's steps are orphans (`vacuum` removes them
-  from the table).
+- the steps commit decides who owns the shard: of two writers of the same shard, the second steps
+  commit fails Delta's conflict check on the transaction id (or its writer sees the id already
+  there), so the loser commits nothing at all and its files stay unreferenced: no Delta reader
+  (rollyard, deltalake, polars, DuckDB's delta extension, Spark) ever sees a losing shard's rows;
+- the episodes commit is the commit point (`is_committed`): rollyard's readers show a shard
+  once its episodes are in, and leave out steps files whose (run_id, iteration, commit_id) match
+  no committed episodes (`orphan_step_files`, decided from the log's file statistics);
+- a writer killed between the two commits leaves its steps committed and its episodes file
+  written but not committed ("pending"). Whoever comes next completes it (`roll_forward`): a
+  replay of the shard, a concurrent writer of it, or `vacuum`, each committing the owner's own
+  episodes file (found by name from the steps file's commit id) under the shard's transaction id,
+  so two completions cannot both land. A replay that completes a pending shard returns
+  `committed=False`: the shard is the killed writer's, not the replay's;
+- a shard with no steps has only the episodes commit, which decides and commits at once;
+- replay: a shard whose transaction id the episodes table holds is skipped, nothing written.
 
 How a table write goes, and why (ingest speed). The store writes each shard's rows itself as one
 zstd Parquet file per table (`storage.data_files`; partition columns in the directory name and the
@@ -59,7 +68,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -74,7 +83,7 @@ from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
 
-from storage.data_files import STATS_COLUMNS, write_data_file
+from storage.data_files import STATS_COLUMNS, existing_data_file, write_data_file
 from storage.errors import CommitError, SchemaMismatchError
 from storage.records import TableInput, shard_tables
 from storage.schemas import EPISODES, STEPS, TableSpec
@@ -391,11 +400,11 @@ class CommitEngine:
     def start_catch_up(
         self, handles: dict[str, DeltaTable], app_ids: Sequence[str]
     ) -> list[CatchUp]:
-        """Catch the episodes and steps handles in `handles` up, in helper threads; the episodes
-        one also finds which of `app_ids` are in."""
+        """Catch the episodes and steps handles in `handles` up, in helper threads; each also
+        finds which of `app_ids` it holds."""
         return [
             _helpers().submit(self.open_in, handles, EPISODES, create=False, app_ids=app_ids),
-            _helpers().submit(self.open_in, handles, STEPS, create=False),
+            _helpers().submit(self.open_in, handles, STEPS, create=False, app_ids=app_ids),
         ]
 
     def prepare_shard(
@@ -427,22 +436,22 @@ class CommitEngine:
         catching_up: list[CatchUp] | None = None,
     ) -> list[CommitResult]:
         """Commit prepared shards together, one result per shard in order: all their steps files
-        in one steps commit, then all their episodes files in one episodes commit carrying every
-        shard's transaction id, the commit point of each.
+        in one steps commit, then all their episodes files in one episodes commit, each commit
+        carrying every shard's transaction id (see the module docstring).
 
-        Each shard stays what a commit of its own makes it: all of it visible or none (one Delta
-        commit adds all of its episodes), exactly once (a shard already in, or given twice, is
-        skipped, and its files never reach storage; one a concurrent writer commits first makes
-        the commit fail Delta's check on its transaction id, and the rest are committed again
-        without it). Committing shards together pays for the catch-up and the two commits once
-        (`ShardWriter` groups what has queued). `handles` are table handles only this thread uses
-        while it runs; `catching_up`, those handles being caught up (`start_catch_up`), started
-        when not given.
+        Each shard stays what a commit of its own makes it: all of it visible or none to
+        rollyard's readers, none of it to any reader unless this writer owns it, exactly once (a
+        shard already in, or given twice, is skipped, and its files never reach storage; one a
+        concurrent writer owns is left out of both commits, and completed if that writer was
+        killed halfway). Committing shards together pays for the catch-up and the two commits
+        once (`ShardWriter` groups what has queued). `handles` are table handles only this
+        thread uses while it runs; `catching_up`, those handles being caught up
+        (`start_catch_up`), started when not given.
         """
         if catching_up is None:
             catching_up = self.start_catch_up(handles, [p.app_id for p in group])
         wait(catching_up)
-        (episodes_table, done), (steps_table, _) = (future.result() for future in catching_up)
+        (episodes_table, done), (steps_table, owned) = (f.result() for f in catching_up)
         todo: dict[str, PreparedShard] = {}
         for prepared in group:
             if prepared.app_id not in done:
@@ -450,7 +459,7 @@ class CommitEngine:
         committed: set[str] = set()
         if todo:
             committed = self._commit_new_shards(
-                list(todo.values()), handles, episodes_table, steps_table
+                list(todo.values()), handles, episodes_table, steps_table, owned
             )
         results = []
         for p in group:
@@ -474,63 +483,142 @@ class CommitEngine:
         handles: dict[str, DeltaTable],
         episodes_table: DeltaTable | None,
         steps_table: DeltaTable | None,
+        owned_by_others: frozenset[str] = frozenset(),
     ) -> set[str]:
-        """The two commits of `commit_group` for shards not in the table when it was caught up;
-        the transaction ids this call committed (those a concurrent writer won are left out)."""
-        metadata = {
-            "rollyard.shards": json.dumps([p.app_id for p in shards]),
-            "rollyard.commit_ids": json.dumps([p.commit_id for p in shards]),
-        }
+        """The two commits of `commit_group` for shards not in the episodes table when it was
+        caught up; the transaction ids whose data this call committed. Shards whose steps
+        another writer committed (`owned_by_others`, or found so at the steps commit) are only
+        completed with that writer's episodes file."""
+        commit_ids = {p.app_id: p.commit_id for p in shards}
+        ours = [p for p in shards if p.app_id not in owned_by_others]
+        # Both tables exist before any file is written into their directories.
         if episodes_table is None:
             episodes_table, _ = self.open_in(handles, EPISODES, create=True)
-            assert episodes_table is not None
-        # Written now, every file stays invisible until its table's commit adds it; the
-        # episodes commit is each shard's commit point. The episodes files are written in a
-        # helper thread while the steps files are written and committed.
+        if steps_table is None:
+            steps_table, _ = self.open_in(handles, STEPS, create=True)
+        assert episodes_table is not None and steps_table is not None
+        # Every file is written before the first commit, so a writer killed after its steps
+        # commit leaves the episodes file its shard is completed with. Files stay invisible
+        # until a commit adds them; the episodes files are written in a helper thread.
         episodes_files = _helpers().submit(
-            lambda: [
-                self.write_file(EPISODES, p.episodes, p.commit_id, p.partition) for p in shards
-            ]
+            lambda: {
+                p.app_id: self.write_file(EPISODES, p.episodes, p.commit_id, p.partition)
+                for p in ours
+            }
         )
         try:
-            with_steps = [p for p in shards if p.steps.num_rows]
-            if with_steps:
-                if steps_table is None:
-                    steps_table, _ = self.open_in(handles, STEPS, create=True)
-                assert steps_table is not None
-                step_adds = [
-                    self.write_file(STEPS, p.steps, p.commit_id, p.partition) for p in with_steps
-                ]
-                self.commit_files(steps_table, STEPS, step_adds, metadata=metadata)
+            step_adds: dict[str, AddAction | None] = {
+                p.app_id: (
+                    self.write_file(STEPS, p.steps, p.commit_id, p.partition)
+                    if p.steps.num_rows
+                    else None  # a shard without steps still claims its id in the steps table
+                )
+                for p in ours
+            }
         finally:
             wait([episodes_files])
-        added = dict(zip((p.app_id for p in shards), episodes_files.result(), strict=True))
-        remaining = list(added)
-        while True:
+        episode_adds: dict[str, AddAction | None] = dict(episodes_files.result())
+        lost: set[str] = set(owned_by_others)
+        if ours:
+            lost |= self._commit_until_done(handles, STEPS, steps_table, step_adds, commit_ids)
+        if lost:
+            steps_table, _ = self.open_in(handles, STEPS, create=False)
+            episodes_table, _ = self.open_in(handles, EPISODES, create=False)
+            assert steps_table is not None and episodes_table is not None
+            pending = {
+                shard.app_id: shard
+                for shard in pending_shards(steps_table, episodes_table, app_ids=lost)
+            }
+            for app_id in lost:
+                # Another writer owns the shard: this writer's files stay unreferenced, and the
+                # owner's episodes file is committed if the owner stopped halfway.
+                episode_adds.pop(app_id, None)
+                owner = pending.get(app_id)
+                action = self._episodes_file_of(owner) if owner is not None else None
+                if owner is not None and action is not None:
+                    episode_adds[app_id] = action
+                    commit_ids[app_id] = owner.commit_id
+        if episode_adds:
+            # Shards of this writer that a concurrent completion committed first are still its.
+            self._commit_until_done(handles, EPISODES, episodes_table, episode_adds, commit_ids)
+        return {p.app_id for p in ours if p.app_id not in lost}
+
+    def _commit_until_done(
+        self,
+        handles: dict[str, DeltaTable],
+        spec: TableSpec,
+        table: DeltaTable,
+        adds: Mapping[str, AddAction | None],
+        commit_ids: Mapping[str, str],
+    ) -> set[str]:
+        """Commit `adds` (at most one file per shard, keyed by transaction id) to the table, with
+        each shard's transaction id, and its commit id in the commit's metadata; the ids another
+        writer committed there first, left out."""
+        remaining = list(adds)
+        lost: set[str] = set()
+        while remaining:
             try:
                 self.commit_files(
-                    episodes_table,
-                    EPISODES,
-                    [added[app_id] for app_id in remaining],
+                    table,
+                    spec,
+                    [a for a in (adds[app_id] for app_id in remaining) if a is not None],
                     app_ids=remaining,
-                    metadata=metadata,
+                    metadata={
+                        "rollyard.shards": json.dumps(remaining),
+                        "rollyard.commit_ids": json.dumps([commit_ids[a] for a in remaining]),
+                    },
                 )
-                return set(remaining)
+                return lost
             except CommitFailedError as error:
                 # Another writer committed some of these shards first: commit the others again
-                # without them (their steps files are orphans, left out of every read). If it
-                # committed none of them, the failure is something else.
-                fresh, won = self.open_in(handles, EPISODES, create=False, app_ids=remaining)
+                # without them. If it committed none of them, the failure is something else.
+                fresh, won = self.open_in(handles, spec, create=False, app_ids=remaining)
                 if fresh is None or not won:
-                    sources = ", ".join(p.source for p in shards if p.app_id in remaining)
                     raise CommitError(
-                        f"{self.table_uri('episodes')}: commit of {sources} failed: "
-                        f"{first_line(error)}; retry the commit, it is safe to replay"
+                        f"{self.table_uri(spec.name)}: commit of {len(remaining)} shard(s) "
+                        f"({', '.join(remaining[:3])}) failed: {first_line(error)}; retry the "
+                        "commit, it is safe to replay"
                     ) from error
-                episodes_table = fresh
+                table = fresh
+                lost |= won
                 remaining = [app_id for app_id in remaining if app_id not in won]
-                if not remaining:
-                    return set()
+        return lost
+
+    def _episodes_file_of(self, shard: PendingShard) -> AddAction | None:
+        """The episodes file the owner of a pending shard wrote (None if it is gone)."""
+        return existing_data_file(
+            self.filesystem(self.table_uri(EPISODES.name)),
+            EPISODES,
+            shard.commit_id,
+            {"run_id": shard.run_id, "iteration": shard.iteration},
+        )
+
+    def roll_forward(self) -> list[PendingShard]:
+        """Complete every pending shard: steps committed by a writer killed before its episodes
+        commit. Commits each one's own episodes file under its transaction id (a concurrent
+        completion or the writer itself, if still alive, cannot both land); the shards
+        completed by this call."""
+        steps_table = self.open(STEPS, create=False)
+        if steps_table is None:
+            return []
+        episodes_table = self.open(EPISODES, create=True)
+        assert episodes_table is not None
+        adds: dict[str, AddAction | None] = {}
+        pending: dict[str, PendingShard] = {}
+        for shard in pending_shards(steps_table, episodes_table):
+            action = self._episodes_file_of(shard)
+            if action is not None:
+                adds[shard.app_id], pending[shard.app_id] = action, shard
+        if not adds:
+            return []
+        lost = self._commit_until_done(
+            self.handles(),
+            EPISODES,
+            episodes_table,
+            adds,
+            {app_id: shard.commit_id for app_id, shard in pending.items()},
+        )
+        return [shard for app_id, shard in pending.items() if app_id not in lost]
 
     def is_committed(self, run_id: str, iteration: int, shard: int) -> bool:
         """Whether (run_id, iteration, shard) has been committed."""
@@ -587,6 +675,83 @@ def orphan_step_files(steps: DeltaTable, episodes: DeltaTable | None) -> set[str
         if low == high and (run_id, iteration, low) not in committed:
             hidden.add(path)
     return hidden
+
+
+@dataclass(frozen=True, slots=True)
+class PendingShard:
+    """A shard whose steps are committed and whose episodes are not (its writer was killed
+    between the two commits, or is between them now)."""
+
+    run_id: str
+    iteration: int
+    shard: int
+    commit_id: str
+
+    @property
+    def app_id(self) -> str:
+        """The shard's application transaction id."""
+        return transaction_id("shard", self.run_id, self.iteration, self.shard)
+
+
+def pending_shards(
+    steps: DeltaTable, episodes: DeltaTable | None, *, app_ids: Collection[str] | None = None
+) -> list[PendingShard]:
+    """The shards whose steps the steps table holds under the shard's transaction id (its owner's
+    commit) with no committed episodes, from the log without scanning data; with `app_ids`, only
+    those shards, also finding ones whose owner committed no steps file (from the log's commit
+    information, a slower read only a replay of such a shard needs)."""
+    found: dict[str, PendingShard] = {}
+    hidden = orphan_step_files(steps, episodes)
+    if hidden:
+        actions = pa.table(steps.get_add_actions(flatten=True))
+        for path, run_id, iteration, shard, high_shard, commit_id in zip(
+            actions["path"].to_pylist(),
+            actions["partition.run_id"].to_pylist(),
+            actions["partition.iteration"].to_pylist(),
+            actions["min.shard"].to_pylist(),
+            actions["max.shard"].to_pylist(),
+            actions["min.commit_id"].to_pylist(),
+            strict=True,
+        ):
+            if path not in hidden or shard != high_shard:
+                continue
+            pending = PendingShard(str(run_id), int(iteration), int(shard), str(commit_id))
+            if app_ids is not None and pending.app_id not in app_ids:
+                continue
+            # Steps committed without the transaction id are a lost commit of an older store
+            # layout, never completed (`vacuum` removes them).
+            if steps.transaction_version(pending.app_id) is not None:
+                found.setdefault(pending.app_id, pending)
+    # Shards whose episodes are in are not pending (a winner that finished): only the rest are
+    # looked for in the commit information.
+    missing = {
+        app_id
+        for app_id in app_ids or ()
+        if app_id not in found
+        and (episodes is None or episodes.transaction_version(app_id) is None)
+    }
+    if missing:
+        found.update(_pending_without_steps(steps, episodes, missing))
+    return list(found.values())
+
+
+def _pending_without_steps(
+    steps: DeltaTable, episodes: DeltaTable | None, app_ids: set[str]
+) -> dict[str, PendingShard]:
+    """Pending shards among `app_ids` found from the steps log's commit information (the shard's
+    commit id is recorded there even when the shard has no steps file)."""
+    found: dict[str, PendingShard] = {}
+    for commit in steps.history():
+        shards = json.loads(commit.get("rollyard.shards", "[]"))
+        commit_ids = json.loads(commit.get("rollyard.commit_ids", "[]"))
+        for app_id, commit_id in zip(shards, commit_ids, strict=False):
+            if app_id not in app_ids or app_id in found:
+                continue
+            _, run_id, iteration, shard = json.loads(app_id.removeprefix("rollyard:"))
+            found[app_id] = PendingShard(run_id, int(iteration), int(shard), commit_id)
+        if len(found) == len(app_ids):
+            break
+    return found
 
 
 def _check_schema(spec: TableSpec, table: DeltaTable, uri: str) -> None:

@@ -66,23 +66,19 @@ def write_data_file(
     briefly: a shard writer's thread does this while the caller's thread converts records, and
     each time a thread takes the GIL back it may wait out the other's switch interval (5 ms).
     """
-    partition_values: dict[str, str | None] = {}
-    directory = ""
     if spec.partition_by:
         if data.num_rows == 0:
             raise CommitError(f"{uri}: no rows to write")
-        for column in spec.partition_by:
-            if partition is not None:
-                value = partition[column]
-            else:
+        if partition is None:
+            partition = {}
+            for column in spec.partition_by:
                 values = data.column(column)
-                value = values[0].as_py()
                 if pc.count_distinct(values).as_py() != 1:
                     raise CommitError(f"{uri}: one write must hold one {column}")
-            partition_values[column] = str(value)
-            directory += f"{column}={escape_partition(str(value))}/"
+                partition[column] = values[0].as_py()
         data = data.drop_columns(list(spec.partition_by))
-    relative = f"{directory}part-{name}.zstd.parquet"
+    partition_values, relative = data_file_path(spec, name, partition)
+    directory = relative.rpartition("/")[0] + "/" if "/" in relative else ""
     if (
         directory
         and known_directories is not None
@@ -115,6 +111,44 @@ def write_data_file(
         modification_time=int(time.time() * 1000),
         data_change=True,
         stats=file_stats(collector[0], data.schema, STATS_COLUMNS.get(spec.name)),
+    )
+
+
+def data_file_path(
+    spec: TableSpec, name: str, partition: Mapping[str, Any] | None
+) -> tuple[dict[str, str | None], str]:
+    """The Delta partition values and the table-relative path of the data file called `name`
+    in `partition`: where `write_data_file` puts it, so a commit can find it again by name."""
+    partition_values: dict[str, str | None] = {}
+    directory = ""
+    for column in spec.partition_by:
+        value = str((partition or {})[column])
+        partition_values[column] = value
+        directory += f"{column}={escape_partition(value)}/"
+    return partition_values, f"{directory}part-{name}.zstd.parquet"
+
+
+def existing_data_file(
+    filesystem: pafs.FileSystem, spec: TableSpec, name: str, partition: Mapping[str, Any]
+) -> AddAction | None:
+    """The action adding the data file `write_data_file` wrote as `name` in `partition` (its
+    statistics read back from the file's footer), or None if there is no such file."""
+    partition_values, relative = data_file_path(spec, name, partition)
+    try:
+        info = filesystem.get_file_info(relative)
+        if info.type != pafs.FileType.File:
+            return None
+        with filesystem.open_input_file(relative) as handle:
+            metadata = pq.ParquetFile(handle).metadata
+    except FileNotFoundError:
+        return None
+    return AddAction(
+        path=relative,
+        size=info.size,
+        partition_values=partition_values,
+        modification_time=int(time.time() * 1000),
+        data_change=True,
+        stats=file_stats(metadata, metadata.schema.to_arrow_schema(), STATS_COLUMNS.get(spec.name)),
     )
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, get_args
@@ -28,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rollyard.settings import settings
 from rollyard.status import ALL_STATUSES, is_trainable
 from storage.errors import GateSettingsError
 from storage.store import TrajectoryStore
@@ -131,14 +131,15 @@ class GateSettings:
             )
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> GateSettings:
-        """Settings from `ROLLYARD_GATE_<FIELD>` variables (tuples comma-separated), then
-        `overrides`. Read when called, never at import."""
-        environ = os.environ if environ is None else environ
+    def from_env(cls, texts: Mapping[str, str] | None = None, **overrides: Any) -> GateSettings:
+        """Settings from `ROLLYARD_GATE_<FIELD>` variables (read by `rollyard.settings`; tuples
+        comma-separated), or from `texts` by field name when given, then `overrides`. Read when
+        called, never at import."""
+        texts = settings().gate if texts is None else texts
         values: dict[str, Any] = {}
         defaults = cls()
         for field in dataclasses.fields(cls):
-            text = environ.get(ENV_PREFIX + field.name.upper())
+            text = texts.get(field.name)
             if text is None:
                 continue
             default = getattr(defaults, field.name)

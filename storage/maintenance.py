@@ -3,8 +3,9 @@
 Compaction (`compact`) rewrites a finished iteration's committed steps files as one file in one
 Delta commit (remove the old ones, add the new one), so the number of live files, which every
 commit and every snapshot pays for, grows with iterations rather than shards; the train loop runs
-it on each iteration it finishes. Vacuum (`vacuum`) removes steps files no reader will ever see
-(lost or abandoned shard commits, see `storage.commits`) and optionally runs Delta's vacuum.
+it on each iteration it finishes. Vacuum (`vacuum`) completes shards a killed writer left between
+its two commits and removes steps files of abandoned commits of older store layouts (see
+`storage.commits`), and optionally runs Delta's vacuum.
 """
 
 from __future__ import annotations
@@ -31,12 +32,14 @@ from storage.schemas import EPISODES, STEPS
 
 @dataclass(frozen=True, slots=True)
 class VacuumResult:
-    """What `vacuum` did: steps files removed from the table (and their rows), and files Delta's
-    vacuum deleted from storage."""
+    """What `vacuum` did: steps files removed from the table (and their rows), files Delta's
+    vacuum deleted from storage, and shards completed (their writer stopped between its steps
+    and episodes commits)."""
 
     removed_files: tuple[str, ...]
     removed_rows: int
     deleted_files: tuple[str, ...]
+    completed_shards: tuple[tuple[str, int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,26 +59,29 @@ def vacuum(
     uncommitted_older_than: timedelta | None = None,
     retention_hours: int | None = None,
 ) -> VacuumResult:
-    """Remove steps that no reader will ever see, in one Delta commit on the steps table.
+    """Complete pending shards, then remove steps that no reader will ever see, in one Delta
+    commit on the steps table.
 
-    Always removed: steps files of shard commits that lost, i.e. whose shard is committed
-    under another commit id (a losing concurrent writer, or a killed writer whose shard was
-    replayed); their writer can never commit them. With `uncommitted_older_than`, also steps
-    files of shards not committed at all and older than that (a killed writer's that nobody
-    replayed); pass it only when no writer of those shards can still be running, since a
-    writer between its steps commit and its episodes commit looks just like that.
+    First every shard whose writer stopped between its steps commit and its episodes commit is
+    completed with that writer's own files (`CommitEngine.roll_forward`; safe beside a writer
+    still running, which then finds its shard done). Then removed: steps files of shard commits
+    that lost, i.e. whose shard is committed under another commit id, and, with
+    `uncommitted_older_than`, steps files of shards not committed at all and older than that.
+    The current commit protocol leaves neither in the table (a losing writer commits nothing);
+    stores written by earlier versions may hold both. Readers hide these files anyway;
+    removing them keeps the raw Delta table (as other engines read it) free of them.
 
-    Readers hide these files anyway; removing them keeps the raw Delta table (as other
-    engines read it) free of them. The files stay on disk for time travel until Delta's
-    vacuum deletes them: with `retention_hours`, that runs on both tables afterwards and
-    deletes removed files and files never committed (a killed writer's Parquet files) older
-    than that many hours. A running writer's file is uncommitted until its commit, so keep
-    `retention_hours` above the longest a commit can take (0 only with no writer running).
+    Removed files stay on disk for time travel until Delta's vacuum deletes them: with
+    `retention_hours`, that runs on both tables afterwards and deletes removed files and files
+    never committed (a losing writer's Parquet files) older than that many hours. A running
+    writer's file is uncommitted until its commit, so keep `retention_hours` above the longest
+    a commit can take (0 only with no writer running).
     """
+    completed = tuple((p.run_id, p.iteration, p.shard) for p in engine.roll_forward())
     steps = engine.open(STEPS, create=False)
     episodes = engine.open(EPISODES, create=False)
     if steps is None:
-        return VacuumResult((), 0, ())
+        return VacuumResult((), 0, (), completed)
     cutoff = None
     if uncommitted_older_than is not None:
         cutoff = int((now() - uncommitted_older_than).timestamp() * 1000)
@@ -111,7 +117,7 @@ def vacuum(
                 dry_run=False,
                 full=True,
             )
-    return VacuumResult(tuple(unquote(r["path"]) for r in dead), rows, tuple(deleted))
+    return VacuumResult(tuple(unquote(r["path"]) for r in dead), rows, tuple(deleted), completed)
 
 
 def compact(

@@ -305,6 +305,21 @@ def open_connection() -> duckdb.DuckDBPyConnection:
     )
 
 
+def load_delta_extension(con: duckdb.DuckDBPyConnection, *, install: bool = False) -> bool:
+    """Load DuckDB's delta extension on `con`, downloading it first with `install`; whether it
+    is loaded. Without network access the download fails (after a few seconds), so queries only
+    load an extension installed already (`rollyard store duckdb-file --install-delta` does)."""
+    import duckdb
+
+    statements = ["INSTALL delta", "LOAD delta"] if install else ["LOAD delta"]
+    try:
+        for statement in statements:
+            con.execute(statement)
+    except duckdb.Error:
+        return False
+    return True
+
+
 def export_directory(directory: str | os.PathLike[str], store_root: str) -> str:
     """`directory` as the absolute path DuckDB may write under, after checking it is an existing
     directory apart from the store (a COPY into the store could overwrite its data files)."""

@@ -20,15 +20,18 @@ class ShardWriter:
 
     Made by `TrajectoryStore.shard_writer` over the store's commit engine. `submit` converts and
     checks a shard's records in the calling thread (so a bad record raises there, and the caller
-    may reuse its lists once it returns), then queues the shard for the writer's thread. That thread takes every shard queued
-    by the time it is free and commits them together (`CommitEngine.commit_group`): one steps
-    commit, then one episodes commit carrying each shard's transaction id, the commit point of
-    every shard in it. Shards arriving faster than one commit takes so share the cost of a commit
-    instead of queueing behind one commit each. Each shard stays exactly-once on its own: a killed
-    process leaves every shard either committed or invisible (a group becomes visible at once),
-    and replaying any of them writes nothing twice. At most `max_in_flight` shards wait or are
-    being committed (so at most that many share a commit, and their tables are what the writer
-    holds in memory); `submit` blocks until some are done when that many are.
+    may reuse its lists once it returns), then queues the shard for the writer's thread. That
+    thread takes every shard queued by the time it is free and commits them together
+    (`CommitEngine.commit_group`): one steps commit, then one episodes commit, both carrying
+    each shard's transaction id: the steps commit decides which writer owns a shard, the
+    episodes commit is its commit point. Shards arriving faster than one commit takes so share
+    the cost of a commit instead of queueing behind one commit each. Each shard stays exactly
+    once on its own: a killed process leaves every shard committed, invisible, or owned but not
+    yet complete (its steps committed, which rollyard's readers leave out until its replay or
+    `vacuum` completes it with this writer's files), and replaying any of them writes nothing
+    twice. At most `max_in_flight` shards wait or are being committed (so at most that many
+    share a commit, and their tables are what the writer holds in memory); `submit` blocks until
+    some are done when that many are.
 
     A shard is committed once the future `submit` returns has its `CommitResult`, and every
     submitted shard once `flush` or `close` returns. A failed commit stops the writer: the shards

@@ -190,6 +190,11 @@ class TrajectoryStore:
         one snapshot taken now (`SnapshotReader.connect`). Close it when done."""
         return self.reader.connect(allow_writes_to=allow_writes_to)
 
+    def write_duckdb_file(self, path: str | os.PathLike[str]) -> list[str]:
+        """Write a DuckDB database file with views over one snapshot of the store, for any DuckDB
+        client; the tables copied rather than viewed (`SnapshotReader.write_database`)."""
+        return self.reader.write_database(path)
+
     def query(
         self,
         sql: str,

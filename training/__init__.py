@@ -44,12 +44,14 @@ from training.episode import (
 )
 from training.errors import (
     ActionParseError,
+    EnvInfrastructureError,
     EnvLifecycleError,
     PolicyError,
     PolicyServerError,
     TrainerError,
     TrainingError,
 )
+from training.gym_env import RollyardEnv, make_task_env
 from training.policy import ChatRecord, Decision, Policy, ScorerRecord, ScriptedPolicy
 from training.trainer import Trainer
 from training.trajectory import EpisodeKey, Step, Trajectory
@@ -61,6 +63,7 @@ __all__ = [
     "ChatRecord",
     "Decision",
     "EditFile",
+    "EnvInfrastructureError",
     "EnvLifecycleError",
     "EpisodeConfig",
     "EpisodeKey",
@@ -74,6 +77,7 @@ __all__ = [
     "PolicyError",
     "PolicyServerError",
     "ReadFile",
+    "RollyardEnv",
     "RunCommand",
     "ScorerConfig",
     "ScorerRecord",
@@ -93,6 +97,7 @@ __all__ = [
     "group_advantages",
     "history_messages",
     "load_checkpoint",
+    "make_task_env",
     "run_episode",
     "verify_agent_sandbox",
 ]

@@ -7,6 +7,8 @@ to `super().__init__` so it pickles across Dask and Prefect process boundaries u
 
 from __future__ import annotations
 
+from typing import Any
+
 from rollyard.errors import EXIT_DAMAGED, EXIT_UNAVAILABLE, EXIT_USAGE, RollyardError
 
 
@@ -96,6 +98,26 @@ class TrainerError(TrainingError):
 
 class EnvLifecycleError(TrainingError, RuntimeError):
     """A Gymnasium environment method was called out of order (step before reset, after close)."""
+
+
+class EnvInfrastructureError(TrainingError):
+    """A Gymnasium episode ended in an infrastructure failure (the verifier crashed, or returned
+    an infrastructure status): the environment, not the agent, failed, so there is no reward to
+    give, not even 0. `status` names the failure (`rollyard.status.INFRASTRUCTURE_STATUSES`),
+    `observation` and `info` are what `step` would have returned. Reset and run the episode
+    again, or leave it out of the batch."""
+
+    exit_code = EXIT_UNAVAILABLE
+
+    def __init__(self, message: str, status: str, observation: str, info: dict[str, Any]) -> None:
+        super().__init__(message, status, observation, info)
+        self.message = message
+        self.status = status
+        self.observation = observation
+        self.info = info
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class LanguageModelError(TrainingError):

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
+from flows.cli import add_store_option
 from flows.errors import CliError
+from flows.output import add_format_option, emit, note, progress
 from rollyard.errors import EXIT_USAGE
 
 
@@ -14,9 +15,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     audit = subparsers.add_parser(
         "audit", help="replay and re-verify the top-reward trajectories of a run"
     )
-    audit.add_argument("--store", default=".rollyard")
+    add_store_option(audit)
     audit.add_argument("--tasks", required=True, help="the task directory the run trained on")
-    audit.add_argument("--run-id", required=True)
+    audit.add_argument("--run-id", required=True, help="the run whose trajectories to audit")
     audit.add_argument(
         "--iteration",
         type=int,
@@ -25,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="audit this iteration (repeatable; default: all)",
     )
     audit.add_argument("--top-k", type=int, default=5, help="episodes per iteration")
-    audit.add_argument("--format", choices=("table", "json"), default="table")
+    add_format_option(audit)
     audit.set_defaults(handler=audit_command)
 
 
@@ -51,19 +52,10 @@ def audit_command(args: argparse.Namespace) -> int:
         iterations=tuple(args.iteration),
         top_k=args.top_k,
     )
-    with prefect_api(prefect_home_for(args.store)):
+    with prefect_api(prefect_home_for(args.store)), progress(f"auditing run {args.run_id}"):
         findings = audit(params)
-    if args.format == "json":
-        for finding in findings:
-            print(json.dumps(finding.as_row(), default=str))
-    else:
-        print(f"{'iteration':>9}  {'verdict':<15} {'stored':>6} {'replay':>6}  episode / why")
-        for f in findings:
-            why = ", ".join((*f.flags, *f.diff_rules)) or "-"
-            print(
-                f"{f.iteration:>9}  {f.verdict:<15} {f.stored_reward!s:>6} "
-                f"{f.replayed_reward!s:>6}  {f.episode_id}  {why}"
-            )
-        confirmed = sum(f.verdict == "confirmed" for f in findings)
-        print(f"\n{confirmed} of {len(findings)} audited episodes confirmed")
+    for finding in findings:
+        emit(finding.as_row())
+    confirmed = sum(f.verdict == "confirmed" for f in findings)
+    note(f"{confirmed} of {len(findings)} audited episodes confirmed")
     return 0

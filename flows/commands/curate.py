@@ -9,8 +9,9 @@ import argparse
 import json
 from typing import Any
 
-from flows.cli import non_negative_int
+from flows.cli import add_store_option, non_negative_int
 from flows.errors import CliError
+from flows.output import add_format_option, emit, note, progress
 from rollyard.errors import EXIT_USAGE
 
 # The policy names without importing the curation library: `rollyard --help` stays fast.
@@ -37,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="TASK_DIR",
         help="task directories, or directories of task directories (none with --explain alone)",
     )
-    curate.add_argument("--store", default=".rollyard", help="store root (default ./.rollyard)")
+    add_store_option(curate)
     curate.add_argument(
         "--eval-set",
         action="append",
@@ -78,7 +79,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="RUN_ID/POLICY_VERSION",
         help="checkpoint whose pass rate buckets each task's difficulty",
     )
-    curate.add_argument("--format", choices=("table", "json"), default="table")
+    add_format_option(curate)
     curate.add_argument("--workers", type=non_negative_int, default=2, help="Dask worker processes")
     curate.add_argument("--dask-address", default=None, help="a running Dask scheduler")
     curate.add_argument("--batch-id", default=None, help="tasks-table batch id (default: new)")
@@ -89,13 +90,14 @@ def curate_command(args: argparse.Namespace) -> int:
     if not args.tasks and args.explain is None:
         raise CliError("give the task directories to curate, or --explain TASK_ID", EXIT_USAGE)
     if args.tasks:
-        verdicts = _run(args)
+        with progress(f"curating {len(args.tasks)} task path(s)"):
+            verdicts = _run(args)
         if args.explain is None:
-            if args.format == "json":
-                for verdict in verdicts:
-                    print(json.dumps(verdict, sort_keys=True))
-            else:
+            if args.format == "table":
                 _print_table(verdicts)
+            else:
+                for verdict in verdicts:
+                    emit(dict(sorted(verdict.items())))
             return 0
     return _explain(args.store, args.explain, args.format)
 
@@ -152,10 +154,10 @@ def _explain(store_root: str, task_id: str, output: str) -> int:
     row = rows[0]
     detail = json.loads(row["reason"] or "{}")
     reasons = detail.get("reasons", [])
-    if output == "json":
+    if output != "table":
         explained = {key: row[key] for key in ("task_id", "task_version", "status", "batch_id")}
         explained |= {"reasons": reasons, "decontamination": detail.get("decontamination")}
-        print(json.dumps(explained, sort_keys=True))
+        emit(dict(sorted(explained.items())))
         return 0
     policy = detail.get("decontamination") or "not recorded"
     print(
@@ -196,4 +198,4 @@ def _print_table(verdicts: list[dict[str, Any]]) -> None:
         )
     Console(width=160).print(table)
     admitted = sum(v["verdict"] == "admitted" for v in verdicts)
-    print(f"{admitted} of {len(verdicts)} tasks admitted")
+    note(f"{admitted} of {len(verdicts)} tasks admitted")

@@ -8,9 +8,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from flows.cli import positive_float, positive_int
+from flows.cli import add_store_option, positive_float, positive_int
 from flows.commands.policy_options import add_policy_options, sampling_from
 from flows.errors import CliError
+from flows.output import add_format_option, emit, note, progress
 from rollyard.errors import EXIT_USAGE
 
 
@@ -26,17 +27,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         ),
     )
     parser.add_argument("--tasks", required=True, help="directory of task directories")
-    parser.add_argument("--store", default=".rollyard", help="store root (default ./.rollyard)")
+    add_store_option(parser)
     add_policy_options(parser, sampling=True)
     parser.add_argument(
         "--samples", type=positive_int, default=4, metavar="K", help="samples per task (4)"
     )
     parser.add_argument("--run-id", default=None, help="default: derived from what is evaluated")
-    parser.add_argument("--max-steps", type=positive_int, default=8)
+    parser.add_argument("--max-steps", type=positive_int, default=8,
+                        help="actions per episode at most")  # fmt: skip
     parser.add_argument("--shards", type=positive_int, default=4, help="Prefect tasks (4)")
     parser.add_argument("--workers", type=positive_int, default=2, help="Dask worker processes")
     parser.add_argument("--dask-address", default=None, help="a running Dask scheduler")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the episodes' sampling")
     parser.add_argument(
         "--max-attempts",
         type=positive_int,
@@ -50,6 +52,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="SECONDS",
         help="fail after the Dask cluster has had no worker this long (default 120)",
     )
+    add_format_option(parser)
     parser.set_defaults(handler=evaluate_command)
 
 
@@ -81,9 +84,26 @@ def evaluate_command(args: argparse.Namespace) -> int:
         )
     except ValueError as error:
         raise CliError(str(error), EXIT_USAGE) from error
-    result = run_policy_evaluation(settings, workers=args.workers, dask_address=args.dask_address)
-    print_evaluation(result)
+    with progress(f"evaluating {args.policy}"):
+        result = run_policy_evaluation(
+            settings, workers=args.workers, dask_address=args.dask_address
+        )
+    if args.format == "table":
+        print_evaluation(result)
+        return 0
+    note(_headline(result))
+    for r in result.pass_at_k:
+        emit({"scope": r.scope, "key": r.key, "k": r.k, "tasks": r.tasks, "pass_at_k": r.value})
     return 0
+
+
+def _headline(result: Any) -> str:
+    state = "rolled out now" if result.rolled_out else "already in the store"
+    return (
+        f"evaluation run {result.run_id} ({state}): {result.episodes} episodes, "
+        f"{result.infra_errors} without a verdict (infra), gate "
+        + (f"quarantined: {result.gate_reason}" if result.quarantined else "passed")
+    )
 
 
 def print_evaluation(result: Any) -> None:

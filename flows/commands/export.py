@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from flows.cli import add_store_option
 from flows.errors import CliError
+from flows.output import add_format_option, emit, progress
 
 
 def register(subparsers: Any) -> None:
@@ -20,7 +22,7 @@ def register(subparsers: Any) -> None:
             "advantages, in the chosen layout."
         ),
     )
-    parser.add_argument("--store", default=".rollyard", help="store root (default ./.rollyard)")
+    add_store_option(parser)
     parser.add_argument("--run", default=None, metavar="RUN_ID", help="one run (default: all)")
     parser.add_argument(
         "--iterations",
@@ -28,7 +30,13 @@ def register(subparsers: Any) -> None:
         metavar="A:B",
         help="iterations A to B, B excluded (A: and :B leave an end open; A alone is one)",
     )
-    parser.add_argument("--format", choices=("hf", "trl", "verl"), default="hf")
+    parser.add_argument(
+        "--layout",
+        choices=("hf", "trl", "verl"),
+        default="hf",
+        help="the dataset layout: Hugging Face conversations, TRL or verl",
+    )
+    add_format_option(parser)
     parser.add_argument("--out", required=True, help="a new (or empty) directory")
     parser.add_argument(
         "--include-masked",
@@ -46,18 +54,23 @@ def export_command(args: argparse.Namespace) -> int:
     iterations = IterationRange.parse(args.iterations) if args.iterations else None
     try:
         store = TrajectoryStore(args.store, create=False)
-        result = export_store(
-            store,
-            args.out,
-            export_format=args.format,
-            run_id=args.run,
-            iterations=iterations,
-            include_masked=args.include_masked,
-        )
+        with progress("exporting episodes"):
+            result = export_store(
+                store,
+                args.out,
+                export_format=args.layout,
+                run_id=args.run,
+                iterations=iterations,
+                include_masked=args.include_masked,
+            )
     except StoreError as error:
         raise CliError(str(error)) from error
-    print(
-        f"exported {result.rows} episode(s) of {result.episodes_read} read, as {args.format}, "
-        f"to {result.path}"
+    emit(
+        {
+            "rows": result.rows,
+            "episodes_read": result.episodes_read,
+            "layout": args.layout,
+            "path": str(result.path),
+        }
     )
     return 0

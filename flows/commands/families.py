@@ -5,12 +5,11 @@ built-in family, scaffold a new family, report weak tasks. Output is JSON lines,
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
-from typing import Any
 
 from flows.cli import positive_int
 from flows.errors import CliError
+from flows.output import add_format_option, emit, progress
 from rollyard.errors import EXIT_FAILED
 
 FAMILIES = ("data_analysis", "ops", "settings")
@@ -24,8 +23,9 @@ def register_tasks_commands(commands: argparse._SubParsersAction[argparse.Argume
     )
     generate.add_argument("family", choices=FAMILIES, metavar="FAMILY", help=" | ".join(FAMILIES))
     generate.add_argument("--out", required=True, type=Path, help="directory to write the tasks to")
-    generate.add_argument("--count", type=positive_int, default=8)
-    generate.add_argument("--seed", type=int, default=0)
+    generate.add_argument("--count", type=positive_int, default=8, help="tasks to write")
+    generate.add_argument("--seed", type=int, default=0, help="seed of the generator")
+    add_format_option(generate, default="json")
     generate.set_defaults(handler=generate_command)
 
     new = commands.add_parser(
@@ -33,18 +33,18 @@ def register_tasks_commands(commands: argparse._SubParsersAction[argparse.Argume
     )
     new.add_argument("name", metavar="FAMILY_NAME", help="Python package name of the family")
     new.add_argument("--dir", type=Path, default=Path("."), help="where the family package goes")
-    new.add_argument("--verifier", choices=("artifact", "rules"), default="artifact")
+    new.add_argument("--verifier", choices=("artifact", "rules"), default="artifact",
+                     help="how the family's tasks are scored: an artifact check or rules")  # fmt: skip
+    add_format_option(new, default="json")
     new.set_defaults(handler=new_command)
 
     lint = commands.add_parser("lint", help="report weak tasks: no hidden checks, solvable by the "
                                "empty action, answer in the instruction, verifier over its budget")  # fmt: skip
-    lint.add_argument("tasks", type=Path, nargs="+", metavar="DIR")
+    lint.add_argument("tasks", type=Path, nargs="+", metavar="DIR",
+                      help="task directories, or dirs of them")  # fmt: skip
+    add_format_option(lint, default="json")
     lint.add_argument("--static", action="store_true", help="skip the checks that run the verifier")
     lint.set_defaults(handler=lint_command)
-
-
-def _print(obj: dict[str, Any]) -> None:
-    print(json.dumps(obj, default=str), flush=True)
 
 
 def generate_command(args: argparse.Namespace) -> int:
@@ -62,7 +62,7 @@ def generate_command(args: argparse.Namespace) -> int:
         paths = generate(args.out, args.count, args.seed)
     except (TaskError, OSError) as error:
         raise CliError(f"cannot write {args.family} tasks to {args.out}: {error}") from error
-    _print({"family": args.family, "out": str(args.out), "count": len(paths), "seed": args.seed,
+    emit({"family": args.family, "out": str(args.out), "count": len(paths), "seed": args.seed,
             "task_ids": [p.name for p in paths]})  # fmt: skip
     return 0
 
@@ -76,7 +76,7 @@ def new_command(args: argparse.Namespace) -> int:
     except (ScaffoldError, OSError) as error:
         raise CliError(str(error)) from error
     test = next(f for f in files if f.name.startswith("test_"))
-    _print({"family": args.name, "verifier": args.verifier, "files": [str(f) for f in files],
+    emit({"family": args.name, "verifier": args.verifier, "files": [str(f) for f in files],
             "next": f"python -m pytest {test}"})  # fmt: skip
     return 0
 
@@ -86,8 +86,11 @@ def lint_command(args: argparse.Namespace) -> int:
     from tasks_lib.sources.authoring.lint import lint_task
 
     weak = 0
-    for path in find_task_dirs(args.tasks, strict=False):
-        report = lint_task(path, run_verifier=not args.static)
-        weak += report.weak
-        _print(report.to_json())
+    paths = find_task_dirs(args.tasks, strict=False)
+    with progress("linting tasks", total=len(paths)) as advance:
+        for path in paths:
+            report = lint_task(path, run_verifier=not args.static)
+            weak += report.weak
+            emit(report.to_json())
+            advance(1)
     return EXIT_FAILED if weak else 0

@@ -18,7 +18,7 @@ def add_policy_options(parser: argparse.ArgumentParser, *, sampling: bool) -> No
         "--policy",
         default="builtin",
         metavar="SPEC",
-        help="builtin (default), openai:BASE_URL#MODEL (an OpenAI-compatible server: vLLM, "
+        help="builtin, openai:BASE_URL#MODEL (an OpenAI-compatible server: vLLM, "
         "SGLang; key from OPENAI_API_KEY) or hf:DIR (a local transformers model)",
     )
     parser.add_argument(
@@ -29,8 +29,12 @@ def add_policy_options(parser: argparse.ArgumentParser, *, sampling: bool) -> No
         help="episodes each shard keeps in flight, so a model server batches them (default 1)",
     )
     if sampling:
-        parser.add_argument("--temperature", type=float, default=1.0)
-        parser.add_argument("--top-p", type=float, default=1.0)
+        parser.add_argument(
+            "--temperature", type=float, default=1.0, help="a chat policy's sampling temperature"
+        )
+        parser.add_argument(
+            "--top-p", type=float, default=1.0, help="a chat policy's nucleus sampling mass"
+        )
         parser.add_argument(
             "--max-tokens",
             type=positive_int,

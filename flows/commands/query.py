@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
+from flows.cli import add_store_option
 from flows.errors import CliError
+from flows.output import ResultPrinter, add_format_option, emit
 from rollyard.errors import EXIT_USAGE
-
-FORMATS = ("table", "csv", "json")
-# A terminal table wider than this many rows is cut; scripts use --format csv|json for everything.
-TABLE_MAX_ROWS = 200
-CELL_MAX_CHARS = 60
 
 
 def register(subparsers: Any) -> None:
@@ -28,10 +24,10 @@ def register(subparsers: Any) -> None:
         ),
     )
     parser.add_argument("sql", nargs="?", help="the SQL to run")
-    parser.add_argument("--store", default=".rollyard", help="store root (default: ./.rollyard)")
+    add_store_option(parser)
     parser.add_argument("--named", metavar="NAME", help="run a named query instead of SQL")
     parser.add_argument("--list-named", action="store_true", help="list the named queries")
-    parser.add_argument("--format", choices=FORMATS, default="table", help="output format")
+    add_format_option(parser)
     parser.add_argument(
         "--allow-writes-to",
         metavar="DIR",
@@ -45,9 +41,8 @@ def run(args: argparse.Namespace) -> int:
     from storage import NAMED_QUERIES, StoreError, TrajectoryStore
 
     if args.list_named:
-        width = max(len(name) for name in NAMED_QUERIES)
         for name, query in sorted(NAMED_QUERIES.items()):
-            print(f"{name:<{width}}  {query.description}")
+            emit({"name": name, "description": query.description})
         return 0
     if (args.sql is None) == (args.named is None):
         raise CliError("give either SQL or --named NAME (see --list-named)", EXIT_USAGE)
@@ -59,52 +54,9 @@ def run(args: argparse.Namespace) -> int:
             table = store.query(args.sql, allow_writes_to=args.allow_writes_to)
     except StoreError as error:
         raise CliError(str(error)) from error
-    _print(table, args.format)
+    printer = ResultPrinter(args.format, columns=table.column_names)
+    # Rows in batches: a large result never sits in memory twice as Python objects.
+    for batch in table.to_batches(max_chunksize=10_000):
+        printer.rows(batch.to_pylist())
+    printer.close()
     return 0
-
-
-def _print(table: Any, output_format: str) -> None:
-    if output_format == "csv":
-        import csv
-        import json
-
-        # Python's csv rather than Arrow's: Arrow cannot write list columns such as `flags`.
-        writer = csv.writer(sys.stdout, lineterminator="\n")
-        writer.writerow(table.column_names)
-        for row in table.to_pylist():
-            writer.writerow(
-                [
-                    "" if v is None else json.dumps(v) if isinstance(v, list) else v
-                    for v in row.values()
-                ]
-            )
-        return
-    if output_format == "json":
-        import json
-
-        for row in table.to_pylist():
-            print(json.dumps(row, default=str))
-        return
-    _print_table(table)
-
-
-def _cell(value: object) -> str:
-    if value is None:
-        return "NULL"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    text = str(value).replace("\n", "\\n")
-    return text if len(text) <= CELL_MAX_CHARS else text[: CELL_MAX_CHARS - 1] + "…"
-
-
-def _print_table(table: Any) -> None:
-    names = list(table.column_names)
-    rows = [[_cell(v) for v in row.values()] for row in table.slice(0, TABLE_MAX_ROWS).to_pylist()]
-    widths = [max([len(n), *(len(r[i]) for r in rows)]) for i, n in enumerate(names)]
-    print("  ".join(n.ljust(w) for n, w in zip(names, widths, strict=True)))
-    print("  ".join("-" * w for w in widths))
-    for row in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
-    more = table.num_rows - len(rows)
-    suffix = f" ({more} not shown; use --format csv or json)" if more > 0 else ""
-    print(f"({table.num_rows} row{'s' if table.num_rows != 1 else ''}){suffix}")

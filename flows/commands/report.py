@@ -6,7 +6,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from flows.cli import add_store_option
 from flows.errors import CliError
+from flows.output import add_format_option, emit
 
 
 def register(subparsers: Any) -> None:
@@ -19,10 +21,11 @@ def register(subparsers: Any) -> None:
             "throughput, task library and checkpoints."
         ),
     )
-    parser.add_argument("--store", default=".rollyard", help="store root (default ./.rollyard)")
+    add_store_option(parser)
     parser.add_argument("--out", default=None, help="output file (default STORE/report.html)")
     parser.add_argument("--run-id", default=None, help="report on this run only")
-    parser.add_argument("--title", default="rollyard report")
+    parser.add_argument("--title", default="rollyard report", help="the report's title")
+    add_format_option(parser)
     parser.set_defaults(handler=report_command)
 
 
@@ -36,5 +39,5 @@ def report_command(args: argparse.Namespace) -> int:
         path = write_report(store, out, run_id=args.run_id, title=args.title)
     except StoreError as error:
         raise CliError(str(error)) from error
-    print(f"report written to {path}")
+    emit({"report": str(path)})
     return 0

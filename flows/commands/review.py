@@ -1,18 +1,17 @@
 """`rollyard review ...`: human spot checks of rewards — a stratified queue of episodes, one
 episode's actions, recorded agreement, agreement rates, and the gate that blocks families whose
-rewards reviewers disagree with. Output is JSON lines."""
+rewards reviewers disagree with. Each result is a row (`--format`, JSON lines by default)."""
 
 from __future__ import annotations
 
 import argparse
 import getpass
-import json
-import os
 from pathlib import Path
 from typing import Any
 
-from flows.cli import positive_int
+from flows.cli import add_store_option, positive_int
 from flows.errors import CliError
+from flows.output import add_format_option, emit
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -22,23 +21,25 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     group = review.add_subparsers(dest="review_command", required=True, metavar="COMMAND")
     queue = group.add_parser("queue", help="episodes to review, stratified by family and reward")
     _store_arg(queue)
-    queue.add_argument("--per-stratum", type=positive_int, default=2)
-    queue.add_argument("--seed", type=int, default=0)
-    queue.add_argument("--run-id")
+    queue.add_argument("--per-stratum", type=positive_int, default=2,
+                       help="episodes per (family, reward) stratum")  # fmt: skip
+    queue.add_argument("--seed", type=int, default=0, help="seed of the sample")
+    queue.add_argument("--run-id", help="only this run's episodes (default: every run)")
     queue.add_argument("--tasks", type=Path, nargs="*", default=[], metavar="DIR",
                        help="task dirs: family and verifier kind come from them")  # fmt: skip
     queue.set_defaults(handler=queue_command)
 
     show = group.add_parser("show", help="an episode's actions and observations, for review")
     _store_arg(show)
-    show.add_argument("episode_id", metavar="EPISODE_ID")
+    show.add_argument("episode_id", metavar="EPISODE_ID", help="the episode to show")
     show.set_defaults(handler=show_command)
 
     record = group.add_parser("record", help="record agree/disagree with an episode's reward")
     _store_arg(record)
-    record.add_argument("episode_id", metavar="EPISODE_ID")
-    record.add_argument("verdict", choices=("agree", "disagree"))
-    record.add_argument("--note", default=None)
+    record.add_argument("episode_id", metavar="EPISODE_ID", help="the episode reviewed")
+    record.add_argument("verdict", choices=("agree", "disagree"),
+                        help="whether the reviewer agrees with the episode's reward")  # fmt: skip
+    record.add_argument("--note", default=None, help="a free-text note kept with the review")
     record.add_argument("--reviewer", default=None, help="default: $ROLLYARD_REVIEWER or the user")
     record.add_argument("--verifier", default=None, help="verifier kind, when the store lacks it")
     record.add_argument("--family", default=None, help="task family, when the store lacks it")
@@ -50,17 +51,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     gate = group.add_parser("gate", help="families whose review agreement blocks more tasks")
     _store_arg(gate)
-    gate.add_argument("--min-reviews", type=positive_int, default=10)
-    gate.add_argument("--min-agreement", type=float, default=0.8)
+    gate.add_argument("--min-reviews", type=positive_int, default=10,
+                      help="reviews a family needs before its agreement counts")  # fmt: skip
+    gate.add_argument("--min-agreement", type=float, default=0.8,
+                      help="agreement rate below which a family is blocked")  # fmt: skip
     gate.set_defaults(handler=gate_command)
 
 
 def _store_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", default=".rollyard", help="store root (default ./.rollyard)")
-
-
-def _print(obj: dict[str, Any]) -> None:
-    print(json.dumps(obj, default=str), flush=True)
+    add_store_option(parser)
+    add_format_option(parser, default="json")
 
 
 def _store(args: argparse.Namespace) -> Any:
@@ -83,7 +83,7 @@ def queue_command(args: argparse.Namespace) -> int:
     items = review_queue(_store(args), per_stratum=args.per_stratum, seed=args.seed,
                          run_id=args.run_id, task_info=info)  # fmt: skip
     for item in items:
-        _print(item.to_json())
+        emit(item.to_json())
     return 0
 
 
@@ -102,21 +102,22 @@ def show_command(args: argparse.Namespace) -> int:
         [args.episode_id],
     ).to_pylist()
     episode = episodes[0]
-    _print(
+    emit(
         {
             key: episode[key]
             for key in ("episode_id", "task_id", "reward", "status", "flags", "n_steps")
         }
     )
     for step in steps:
-        _print(step)
+        emit(step)
     return 0
 
 
 def record_command(args: argparse.Namespace) -> int:
+    from rollyard.settings import settings
     from storage import StoreError
 
-    reviewer = args.reviewer or os.environ.get("ROLLYARD_REVIEWER") or getpass.getuser()
+    reviewer = args.reviewer or settings().reviewer or getpass.getuser()
     store = _store(args)
     context = {"verifier": args.verifier, "family": args.family}
     try:
@@ -124,7 +125,7 @@ def record_command(args: argparse.Namespace) -> int:
                                         note=args.note, context=context)  # fmt: skip
     except StoreError as error:
         raise CliError(str(error)) from error
-    _print({"review_id": review_id, "episode_id": args.episode_id, "verdict": args.verdict,
+    emit({"review_id": review_id, "episode_id": args.episode_id, "verdict": args.verdict,
             "reviewer": reviewer})  # fmt: skip
     return 0
 
@@ -133,7 +134,7 @@ def agreement_command(args: argparse.Namespace) -> int:
     from storage.reviews import agreement
 
     for row in agreement(_store(args)):
-        _print(row)
+        emit(row)
     return 0
 
 
@@ -144,7 +145,7 @@ def gate_command(args: argparse.Namespace) -> int:
         _store(args), min_reviews=args.min_reviews, min_agreement=args.min_agreement
     )
     for decision in decisions.values():
-        _print({"family": decision.family, "reviews": decision.reviews,
+        emit({"family": decision.family, "reviews": decision.reviews,
                 "agreement_rate": decision.agreement_rate, "admit": decision.admit,
                 "reason": decision.reason})  # fmt: skip
     return 0

@@ -5,13 +5,12 @@ its code (3 for a host that cannot run sandboxes, 2 for a bad snapshot or limits
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import time
 from pathlib import Path
 
 from flows.cli import int_between, positive_float_up_to
 from flows.errors import CliError
+from flows.output import add_format_option, emit, note
 from rollyard.errors import EXIT_USAGE
 from sandboxes.base import LIMIT_MAXIMA
 
@@ -54,15 +53,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             if isinstance(default, float) else f"{help_text} (default {default}, at most {maximum})",
         )  # fmt: skip
     run.add_argument("workspace", metavar="WORKSPACE", help="directory the sandbox starts from")
-    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
+    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]",
+                     help="the command to run, after --")  # fmt: skip
+    add_format_option(run, default="json")
     run.set_defaults(handler=run_command)
 
     check = commands.add_parser("check", help="check that this host can run sandboxes")
+    add_format_option(check)
     check.set_defaults(handler=check_command)
 
     sweep = commands.add_parser(
         "sweep", help="reclaim sandboxes whose owning process died (processes, mounts, cgroups)"
     )
+    add_format_option(sweep)
     sweep.set_defaults(handler=sweep_command)
 
     cache = commands.add_parser(
@@ -74,6 +77,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     cache_commands = cache.add_subparsers(dest="cache_command", required=True, metavar="ACTION")
     listing = cache_commands.add_parser("list", help="entries, least recently used first")
+    add_format_option(listing)
     listing.set_defaults(handler=cache_list_command)
     prune = cache_commands.add_parser(
         "prune",
@@ -85,6 +89,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--max-mb", type=int_between(0), default=None,
         help="size to prune down to (default: the budget; 0 evicts every entry not in use)",
     )  # fmt: skip
+    add_format_option(prune)
     prune.set_defaults(handler=cache_prune_command)
 
 
@@ -119,8 +124,7 @@ def run_command(args: argparse.Namespace) -> int:
         "deleted": list(diff.deleted),
         "snapshot_digest": digest,
     }
-    json.dump(report, sys.stdout)
-    sys.stdout.write("\n")
+    emit(report)
     return 0
 
 
@@ -128,7 +132,7 @@ def check_command(args: argparse.Namespace) -> int:
     from sandboxes.host import check_host
 
     bwrap = check_host()
-    print(f"ok: bwrap backend usable ({bwrap})")
+    emit({"backend": "bwrap", "usable": True, "bwrap": str(bwrap)})
     return 0
 
 
@@ -136,7 +140,7 @@ def sweep_command(args: argparse.Namespace) -> int:
     from sandboxes.host import host_layout, sweep_orphans
 
     reclaimed = sweep_orphans(host_layout())
-    print(f"reclaimed {len(reclaimed)} orphaned sandbox(es)")
+    emit({"reclaimed": len(reclaimed), "sandboxes": list(reclaimed)})
     return 0
 
 
@@ -151,16 +155,19 @@ def cache_list_command(args: argparse.Namespace) -> int:
 
     entries = SnapshotCache(host_layout().snapshots).entries()
     now = time.time()
-    print(f"{'digest':<16}  {'size_mb':>9}  {'last_used':>12}  in_use")
     for entry in entries:
-        print(
-            f"{entry.name[:16]:<16}  {entry.size_bytes / (1 << 20):9.1f}  "
-            f"{_ago(now - entry.last_used):>12}  {'yes' if entry.mounted else 'no'}"
+        emit(
+            {
+                "digest": entry.name,
+                "size_mb": round(entry.size_bytes / (1 << 20), 1),
+                "last_used": _ago(now - entry.last_used),
+                "in_use": entry.mounted,
+            }
         )
     total_mb = sum(e.size_bytes for e in entries) / (1 << 20)
-    print(
-        f"({len(entries)} entries, {total_mb:.1f} MB of a {default_cache_budget_bytes() >> 20} MB "
-        "budget)"
+    note(
+        f"{len(entries)} entries, {total_mb:.1f} MB of a {default_cache_budget_bytes() >> 20} MB "
+        "budget"
     )
     return 0
 
@@ -174,7 +181,7 @@ def cache_prune_command(args: argparse.Namespace) -> int:
     evicted = cache.prune(budget, grace_s=_MANUAL_PRUNE_GRACE_S)
     freed_mb = sum(e.size_bytes for e in evicted) / (1 << 20)
     kept_mb = sum(e.size_bytes for e in cache.entries()) / (1 << 20)
-    print(f"evicted {len(evicted)} entries ({freed_mb:.1f} MB); {kept_mb:.1f} MB kept")
+    emit({"evicted": len(evicted), "freed_mb": round(freed_mb, 1), "kept_mb": round(kept_mb, 1)})
     return 0
 
 

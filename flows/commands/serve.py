@@ -8,7 +8,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from flows.cli import positive_int
+from flows.cli import add_store_option, positive_int
 from flows.errors import CliError
 from rollyard.errors import EXIT_USAGE
 
@@ -26,7 +26,7 @@ def register(subparsers: Any) -> None:
             "`prefect deployment run train/training`."
         ),
     )
-    parser.add_argument("--store", default=".rollyard", help="store root (default ./.rollyard)")
+    add_store_option(parser)
     parser.add_argument(
         "--tasks", required=True, help="task library: curated nightly and trained on"
     )
@@ -34,7 +34,8 @@ def register(subparsers: Any) -> None:
         "--eval-tasks", default=None, help="held-out tasks that new checkpoints are evaluated on"
     )
     parser.add_argument("--run-id", default="run-0", help="the training run to continue")
-    parser.add_argument("--train-iterations", type=positive_int, default=6)
+    parser.add_argument("--train-iterations", type=positive_int, default=6,
+                        help="iterations of each scheduled training run")  # fmt: skip
     parser.add_argument("--curate-cron", default="0 2 * * *", help="default: 02:00 daily")
     parser.add_argument("--train-cron", default="0 3 * * *", help="default: 03:00 daily")
     parser.add_argument("--evaluate-every-s", type=positive_int, default=900, help="default: 900 s")

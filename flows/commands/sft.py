@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 from pathlib import Path
 
-from flows.cli import positive_float, positive_int
+from flows.cli import add_store_option, positive_float, positive_int
+from flows.output import add_format_option, emit
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -19,18 +19,27 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--tasks", required=True, type=Path, help="directory of task directories")
     parser.add_argument("--policy", required=True, help="hf:DIR, the model to start from")
     parser.add_argument("--out", required=True, type=Path, help="new directory for the model")
-    parser.add_argument("--steps", type=positive_int, default=200)
-    parser.add_argument("--batch-size", type=positive_int, default=4)
-    parser.add_argument("--learning-rate", type=positive_float, default=1e-3)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--steps", type=positive_int, default=200, help="optimizer steps of the fine-tune"
+    )
+    parser.add_argument(
+        "--batch-size", type=positive_int, default=4, help="transcripts per optimizer step"
+    )
+    parser.add_argument(
+        "--learning-rate", type=positive_float, default=1e-3, help="peak AdamW learning rate"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the transcripts' order and the replays"
+    )
     parser.add_argument(
         "--no-test-run",
         action="store_true",
         help="transcripts submit right after the edits (no run of the tests: shorter episodes)",
     )
-    parser.add_argument("--store", default=".rollyard", help="where the local Prefect API lives")
+    add_store_option(parser)
     parser.add_argument("--workers", type=positive_int, default=2, help="Dask worker processes")
     parser.add_argument("--dask-address", default=None, help="a running Dask scheduler")
+    add_format_option(parser, default="json")
     parser.set_defaults(handler=sft_command)
 
 
@@ -54,5 +63,5 @@ def sft_command(args: argparse.Namespace) -> int:
     result = run_sft_flow(
         params, store=args.store, workers=args.workers, dask_address=args.dask_address
     )
-    print(json.dumps(dataclasses.asdict(result)), flush=True)
+    emit(dataclasses.asdict(result))
     return 0

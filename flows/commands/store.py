@@ -1,4 +1,5 @@
-"""`rollyard store`: maintenance of a trajectory store (`compact`, `vacuum`)."""
+"""`rollyard store`: maintenance of a trajectory store (`compact`, `vacuum`) and a DuckDB database
+file over it for other DuckDB clients (`duckdb-file`)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import argparse
 from datetime import timedelta
 from typing import Any
 
-from flows.cli import non_negative_int, positive_float
+from flows.cli import add_store_option, non_negative_int, positive_float
 from flows.errors import CliError
+from flows.output import add_format_option, emit, note
 
 
 def register(subparsers: Any) -> None:
@@ -26,21 +28,24 @@ def register(subparsers: Any) -> None:
             "not committed are left as they are. Run it on iterations that are done."
         ),
     )
-    compact.add_argument("--store", default=".rollyard", help="store root (default: ./.rollyard)")
+    add_store_option(compact)
     compact.add_argument("--run-id", default=None, help="only this run")
     compact.add_argument("--iteration", type=non_negative_int, default=None, help="only this one")
+    add_format_option(compact)
     compact.set_defaults(handler=compact_command)
 
     vacuum = commands.add_parser(
         "vacuum",
-        help="remove steps of lost or abandoned shard commits from the steps table",
+        help="complete half-committed shards; remove steps of abandoned shard commits",
         description=(
-            "Remove from the steps table the files of shard commits that lost to another commit "
-            "of the same shard (readers already leave them out), in one Delta commit. Optionally "
-            "also the steps of shards never committed, and delete unreferenced files from disk."
+            "Complete the shards a stopped writer left between its steps and episodes commits, "
+            "then remove from the steps table the files of shard commits that lost to another "
+            "commit of the same shard (only stores written by earlier versions hold any; readers "
+            "already leave them out), in one Delta commit. Optionally also the steps of shards "
+            "never committed, and delete unreferenced files from disk."
         ),
     )
-    vacuum.add_argument("--store", default=".rollyard", help="store root (default: ./.rollyard)")
+    add_store_option(vacuum)
     vacuum.add_argument(
         "--uncommitted-older-than",
         type=positive_float,
@@ -59,7 +64,57 @@ def register(subparsers: Any) -> None:
             "(Delta vacuum on episodes and steps); 0 only with no writer running"
         ),
     )
+    add_format_option(vacuum)
     vacuum.set_defaults(handler=vacuum_command)
+
+    database = commands.add_parser(
+        "duckdb-file",
+        help="write a DuckDB database file with views over the store, for any DuckDB client",
+        description=(
+            "Write OUT, a DuckDB database holding a view per table (and the derived views) over "
+            "one snapshot of the store, taken now: the DuckDB CLI, DBeaver or any DuckDB client "
+            "opens it without rollyard. Views read the store's Parquet files in place; write the "
+            "file again to see newer data. It is replaced whole, never half-written."
+        ),
+    )
+    database.add_argument(
+        "out", metavar="OUT", help="the database file to write, e.g. store.duckdb"
+    )
+    add_store_option(database)
+    database.add_argument(
+        "--install-delta",
+        action="store_true",
+        help=(
+            "also download DuckDB's delta extension (needs network access), so `rollyard query` "
+            "reads the tables through delta_scan from then on (default: off)"
+        ),
+    )
+    add_format_option(database)
+    database.set_defaults(handler=duckdb_file_command)
+
+
+def duckdb_file_command(args: argparse.Namespace) -> int:
+    import duckdb
+
+    from storage import StoreError, TrajectoryStore
+    from storage.queries import load_delta_extension
+
+    try:
+        store = TrajectoryStore(args.store, create=False)
+        copied = store.write_duckdb_file(args.out)
+    except StoreError as error:
+        raise CliError(str(error)) from error
+    installed = None
+    if args.install_delta:
+        with duckdb.connect() as con:
+            installed = load_delta_extension(con, install=True)
+        if not installed:
+            note(
+                "could not install DuckDB's delta extension (no network?); queries read the "
+                "Parquet files directly, which shows the same rows"
+            )
+    emit({"out": args.out, "store": store.root, "copied": copied, "delta_extension": installed})
+    return 0
 
 
 def vacuum_command(args: argparse.Namespace) -> int:
@@ -77,9 +132,13 @@ def vacuum_command(args: argparse.Namespace) -> int:
         )
     except StoreError as error:
         raise CliError(str(error)) from error
-    print(
-        f"removed {len(result.removed_files)} steps file(s) ({result.removed_rows} rows) from the "
-        f"steps table; deleted {len(result.deleted_files)} file(s) from disk"
+    emit(
+        {
+            "completed_shards": len(result.completed_shards),
+            "removed_files": len(result.removed_files),
+            "removed_rows": result.removed_rows,
+            "deleted_files": len(result.deleted_files),
+        }
     )
     return 0
 
@@ -92,8 +151,12 @@ def compact_command(args: argparse.Namespace) -> int:
         result = store.compact(run_id=args.run_id, iteration=args.iteration)
     except StoreError as error:
         raise CliError(str(error)) from error
-    print(
-        f"compacted {len(result.partitions)} partition(s): {result.files_before} steps files -> "
-        f"{result.files_after} ({result.rows} rows)"
+    emit(
+        {
+            "partitions": len(result.partitions),
+            "files_before": result.files_before,
+            "files_after": result.files_after,
+            "rows": result.rows,
+        }
     )
     return 0

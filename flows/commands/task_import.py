@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from flows.cli import positive_int
 from flows.errors import CliError
+from flows.output import add_format_option, emit, progress
 from rollyard.errors import EXIT_DAMAGED, EXIT_FAILED
 
 EXIT_NOTHING = EXIT_FAILED
@@ -29,19 +28,21 @@ def register_tasks_commands(commands: argparse._SubParsersAction[argparse.Argume
         "own tests catch reliably, and writes each as a Harbor task under --out. Prints one JSON "
         "report: mutants tried, tasks kept, verdict counts, time.",
     )
-    synth.add_argument("project", type=Path, metavar="PROJECT_DIR")
+    synth.add_argument("project", type=Path, metavar="PROJECT_DIR",
+                       help="root of the Python project to mutate")  # fmt: skip
     synth.add_argument("--out", required=True, type=Path, help="directory to write the tasks to")
     synth.add_argument("--max", type=positive_int, default=10, dest="max_tasks",
                        help="tasks to keep at most (default 10)")  # fmt: skip
     synth.add_argument("--max-mutants", type=positive_int, default=None,
                        help="mutants to try at most (default 8 per task)")  # fmt: skip
-    synth.add_argument("--seed", type=int, default=0)
+    synth.add_argument("--seed", type=int, default=0, help="seed of the mutant choice")
     synth.add_argument("--workers", type=int, default=0,
                        help="evaluate mutants on a local Dask cluster of N workers (0: in process)")  # fmt: skip
     synth.add_argument("--scheduler", default=None,
                        help="address of a Dask scheduler to evaluate mutants on")  # fmt: skip
     synth.add_argument("--no-check", action="store_true",
                        help="skip the oracle check of each kept task")  # fmt: skip
+    add_format_option(synth, default="json")
     synth.set_defaults(handler=synthesize_command)
 
     swebench = commands.add_parser(
@@ -52,15 +53,13 @@ def register_tasks_commands(commands: argparse._SubParsersAction[argparse.Argume
         "from the clones under --repos (OWNER/NAME, OWNER__NAME or NAME). Prints one JSON line "
         "per row; a bad row is reported and the rest still import.",
     )
-    swebench.add_argument("instances", type=Path, metavar="FILE.jsonl")
+    swebench.add_argument("instances", type=Path, metavar="FILE.jsonl",
+                          help="SWE-bench instances, one JSON object per line")  # fmt: skip
     swebench.add_argument("--repos", required=True, type=Path, help="directory of local clones")
     swebench.add_argument("--out", required=True, type=Path, help="directory to write tasks to")
     swebench.add_argument("--limit", type=positive_int, default=None, help="rows to read at most")
+    add_format_option(swebench, default="json")
     swebench.set_defaults(handler=import_swebench_command)
-
-
-def _print(obj: dict[str, Any]) -> None:
-    print(json.dumps(obj), flush=True)
 
 
 def synthesize_command(args: argparse.Namespace) -> int:
@@ -86,11 +85,12 @@ def synthesize_command(args: argparse.Namespace) -> int:
                 client = Client(cluster)
         # A mutant breaking more tests than curation admits is dropped here already.
         max_fail_to_pass = CurationSettings.from_env().max_fail_to_pass
-        report = synthesize_tasks(
-            args.project, args.out, max_tasks=args.max_tasks, seed=args.seed,
-            max_mutants=args.max_mutants, executor=client, check=not args.no_check,
-            max_fail_to_pass=max_fail_to_pass,
-        )  # fmt: skip
+        with progress(f"synthesizing tasks from {args.project}"):
+            report = synthesize_tasks(
+                args.project, args.out, max_tasks=args.max_tasks, seed=args.seed,
+                max_mutants=args.max_mutants, executor=client, check=not args.no_check,
+                max_fail_to_pass=max_fail_to_pass,
+            )  # fmt: skip
     except (TaskError, SandboxError, OSError) as error:
         raise CliError(f"cannot synthesize tasks from {args.project}: {error}") from error
     finally:
@@ -98,7 +98,7 @@ def synthesize_command(args: argparse.Namespace) -> int:
             client.close()
         if cluster is not None:
             cluster.close()
-    _print(report.to_json())
+    emit(report.to_json())
     return 0 if report.tasks_kept else EXIT_NOTHING
 
 
@@ -109,7 +109,7 @@ def import_swebench_command(args: argparse.Namespace) -> int:
     try:
         report = import_swebench(
             args.instances, args.repos, args.out, limit=args.limit,
-            progress=lambda row: _print(row.to_json()),
+            progress=lambda row: emit(row.to_json()),
         )  # fmt: skip
     except (TaskError, OSError) as error:
         raise CliError(str(error)) from error

@@ -1,12 +1,11 @@
 """`rollyard tasks ...` and `rollyard verify`: the task library on the command line. Each handler
-is one call into `tasks_lib`; output is JSON. The group also holds the commands of
+is one call into `tasks_lib`; each result is a row (`--format`, JSON lines by default). The group also holds the commands of
 `flows.commands.task_import` (synthesize, import-swebench) and `flows.commands.families`
 (generate, new, lint)."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tomllib
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +15,7 @@ from typing import Any
 from flows.cli import positive_int
 from flows.commands import families, task_import
 from flows.errors import CliError
+from flows.output import add_format_option, emit, progress
 from rollyard.errors import EXIT_DAMAGED, EXIT_FAILED, EXIT_UNAVAILABLE, EXIT_USAGE
 
 VERIFY_EXIT_CODES = {"task_error": EXIT_DAMAGED}
@@ -29,31 +29,39 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     demo = commands.add_parser("demo", help="write N tasks of the built-in bug-fix family")
     demo.add_argument("--out", required=True, type=Path, help="directory to write the tasks to")
-    demo.add_argument("--count", type=positive_int, default=10)
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--count", type=positive_int, default=10, help="tasks to write")
+    demo.add_argument("--seed", type=int, default=0, help="seed of the generator")
+    add_format_option(demo, default="json")
     demo.set_defaults(handler=demo_command)
 
     checkout = commands.add_parser(
         "checkout", help="materialize the workspace the agent starts from"
     )
-    checkout.add_argument("task", type=Path, metavar="TASK")
+    checkout.add_argument("task", type=Path, metavar="TASK", help="the task directory")
     checkout.add_argument("dest", type=Path, metavar="DEST", help="new directory to create")
     checkout.add_argument(
         "--solved", action="store_true", help="with the reference solution applied"
     )
+    add_format_option(checkout, default="json")
     checkout.set_defaults(handler=checkout_command)
 
     validate = commands.add_parser(
         "validate", help="check task directories against the Harbor layout and [rollyard] schema"
     )
-    validate.add_argument("tasks", type=Path, nargs="+", metavar="TASK")
+    validate.add_argument(
+        "tasks", type=Path, nargs="+", metavar="TASK", help="task directories, or dirs of them"
+    )
+    add_format_option(validate, default="json")
     validate.set_defaults(handler=validate_command)
 
     check = commands.add_parser(
         "check", help="oracle check: the solution scores 1, the untouched workspace 0"
     )
-    check.add_argument("tasks", type=Path, nargs="+", metavar="TASK")
+    check.add_argument(
+        "tasks", type=Path, nargs="+", metavar="TASK", help="task directories, or dirs of them"
+    )
     check.add_argument("--jobs", type=positive_int, default=1, help="tasks checked at once")
+    add_format_option(check, default="json")
     check.set_defaults(handler=check_command)
 
     task_import.register_tasks_commands(commands)
@@ -65,13 +73,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Compares CANDIDATE_DIR with the task's workspace snapshot and verifies the "
         "changes in a fresh sandbox. Prints JSON: task_id, reward, status, tests, flags.",
     )
-    verify.add_argument("task", type=Path, metavar="TASK")
-    verify.add_argument("candidate", type=Path, metavar="CANDIDATE_DIR")
+    verify.add_argument("task", type=Path, metavar="TASK", help="the task directory")
+    verify.add_argument(
+        "candidate", type=Path, metavar="CANDIDATE_DIR", help="the workspace the agent left"
+    )
+    add_format_option(verify, default="json")
     verify.set_defaults(handler=verify_command)
-
-
-def _print(obj: dict[str, Any]) -> None:
-    print(json.dumps(obj), flush=True)
 
 
 def _load(path: Path) -> Any:
@@ -90,7 +97,7 @@ def demo_command(args: argparse.Namespace) -> int:
         paths = generate_demo_tasks(args.out, args.count, args.seed)
     except (TaskError, OSError) as error:
         raise CliError(f"cannot write demo tasks to {args.out}: {error}") from error
-    _print(
+    emit(
         {
             "out": str(args.out),
             "count": len(paths),
@@ -110,7 +117,7 @@ def checkout_command(args: argparse.Namespace) -> int:
         dest = checkout(task, args.dest, solved=args.solved)
     except (TaskError, SandboxError, OSError) as error:
         raise CliError(f"cannot check out {task.id} to {args.dest}: {error}") from error
-    _print({"task_id": task.id, "dest": str(dest), "solved": args.solved})
+    emit({"task_id": task.id, "dest": str(dest), "solved": args.solved})
     return 0
 
 
@@ -136,9 +143,7 @@ def validate_command(args: argparse.Namespace) -> int:
         except TaskNotFoundError as error:
             issues = [str(error)]
         invalid += bool(issues)
-        _print(
-            {"task_id": _declared_id(path), "path": str(path), "ok": not issues, "errors": issues}
-        )
+        emit({"task_id": _declared_id(path), "path": str(path), "ok": not issues, "errors": issues})
     return EXIT_FAILED if invalid else 0
 
 
@@ -167,10 +172,14 @@ def check_command(args: argparse.Namespace) -> int:
 
     failed = 0
     paths = find_task_dirs(args.tasks, strict=False)
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+    with (
+        ThreadPoolExecutor(max_workers=args.jobs) as pool,
+        progress("checking tasks", total=len(paths)) as advance,
+    ):
         for summary in pool.map(one, paths):
             failed += not summary["ok"]
-            _print(summary)
+            emit(summary)
+            advance(1)
     if failed:
         print(f"rollyard: {failed} of {len(paths)} task(s) failed the check", file=sys.stderr)
     return EXIT_FAILED if failed else 0
@@ -186,7 +195,7 @@ def verify_command(args: argparse.Namespace) -> int:
         raise CliError(str(error), EXIT_USAGE) from error
     result = verify(task, candidate)
     out = result.to_json()
-    _print(
+    emit(
         {
             key: out[key]
             for key in ("task_id", "reward", "status", "tests", "flags", "partial_credit", "detail")

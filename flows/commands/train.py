@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from flows.cli import positive_float, positive_int
+from flows.cli import add_store_option, positive_float, positive_int
 from flows.commands.policy_options import add_policy_options
 from flows.errors import CliError
 from rollyard.errors import EXIT_USAGE
@@ -35,7 +35,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     # sized for a few minutes on 2 cores: 8 iterations x 8 tasks x 4 samples, 6 steps each (the
     # size `benchmarks/learning.py` measures the learning target at)
     _common_train_options(demo, iterations=8, group_size=4, tasks_per_iteration=8, max_steps=6)
-    demo.add_argument("--task-count", type=positive_int, default=DEMO_TASK_COUNT)
+    demo.add_argument("--task-count", type=positive_int, default=DEMO_TASK_COUNT,
+                      help="demo tasks to generate")  # fmt: skip
     demo.set_defaults(handler=demo_command)
 
 
@@ -47,7 +48,7 @@ def _common_train_options(
     tasks_per_iteration: int = 8,
     max_steps: int = 10,
 ) -> None:
-    parser.add_argument("--store", default=".rollyard", help="store root (default ./.rollyard)")
+    add_store_option(parser)
     add_policy_options(parser, sampling=False)
     parser.add_argument(
         "--trainer-model",
@@ -55,19 +56,23 @@ def _common_train_options(
         help="openai: policies only: the served model's weights on this machine; the trainer "
         "trains a LoRA adapter on them and loads each new one into the server",
     )
-    parser.add_argument("--iterations", type=positive_int, default=iterations)
-    parser.add_argument("--group-size", type=positive_int, default=group_size)
-    parser.add_argument("--tasks-per-iteration", type=positive_int, default=tasks_per_iteration)
+    parser.add_argument("--iterations", type=positive_int, default=iterations,
+                        help="training iterations to run")  # fmt: skip
+    parser.add_argument("--group-size", type=positive_int, default=group_size,
+                        help="episodes per task in an iteration (a GRPO group)")  # fmt: skip
+    parser.add_argument("--tasks-per-iteration", type=positive_int, default=tasks_per_iteration,
+                        help="tasks sampled per iteration")  # fmt: skip
     parser.add_argument(
         "--shards",
         type=positive_int,
         default=4,
         help="Prefect tasks (episode shards) per iteration",
     )
-    parser.add_argument("--max-steps", type=positive_int, default=max_steps)
+    parser.add_argument("--max-steps", type=positive_int, default=max_steps,
+                        help="actions per episode at most")  # fmt: skip
     parser.add_argument("--workers", type=positive_int, default=2, help="Dask worker processes")
     parser.add_argument("--dask-address", default=None, help="a running Dask scheduler")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of task sampling and the policy")
     parser.add_argument("--run-id", default=None, help="default: run-<seed>")
     parser.add_argument("--resume", action="store_true", help="continue the run after a stop")
     parser.add_argument(

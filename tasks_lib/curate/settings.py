@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from collections.abc import Mapping
 from typing import Any
 
+from rollyard.settings import settings
 from tasks_lib.errors import CurationSettingsError
 
 ENV_PREFIX = "ROLLYARD_CURATE_"
@@ -107,15 +107,14 @@ class CurationSettings:
         )
 
     @classmethod
-    def from_env(
-        cls, environ: Mapping[str, str] | None = None, **overrides: Any
-    ) -> CurationSettings:
-        """Settings from `ROLLYARD_CURATE_<FIELD>` variables, then `overrides` (None values in
-        `overrides` are ignored, so CLI options that were not given keep the environment's)."""
-        environ = os.environ if environ is None else environ
+    def from_env(cls, texts: Mapping[str, str] | None = None, **overrides: Any) -> CurationSettings:
+        """Settings from `ROLLYARD_CURATE_<FIELD>` variables (read by `rollyard.settings`), or
+        from `texts` by field name when given, then `overrides` (None values in `overrides` are
+        ignored, so CLI options that were not given keep the environment's)."""
+        texts = settings().curate if texts is None else texts
         values: dict[str, Any] = {}
         for field in dataclasses.fields(cls):
-            text = environ.get(ENV_PREFIX + field.name.upper())
+            text = texts.get(field.name)
             if text is None:
                 continue
             try:

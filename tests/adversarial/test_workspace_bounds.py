@@ -8,6 +8,7 @@ the root file system fails the test instead of filling the disk.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -185,15 +186,17 @@ def test_the_snapshot_cache_evicts_least_recently_used_entries_not_in_use(
         for age, entry in enumerate(by_age):
             os.utime(cache.directory / f"{entry.name}.used", (old + age, old + age))
 
-        assert main(["sandbox", "cache", "list"]) == 0
-        listing = capsys.readouterr().out
-        assert "3 entries" in listing and listing.count(" yes") == 1
+        assert main(["sandbox", "cache", "list", "--format", "json"]) == 0
+        listed = capsys.readouterr()
+        rows = [json.loads(line) for line in listed.out.splitlines()]
+        assert len(rows) == 3 and [row["in_use"] for row in rows].count(True) == 1
+        assert "3 entries" in listed.err
 
         # Room for two: the least recently used unmounted entry goes.
         evicted = cache.prune(2 * (1 << 20) + (64 << 10), grace_s=60)
         assert [e.name for e in evicted] == [by_age[0].name]
-        assert main(["sandbox", "cache", "prune", "--max-mb", "0"]) == 0
-        assert "evicted 1 entries" in capsys.readouterr().out
+        assert main(["sandbox", "cache", "prune", "--max-mb", "0", "--format", "json"]) == 0
+        assert json.loads(capsys.readouterr().out)["evicted"] == 1
         remaining = cache.entries()
         assert [e.name for e in remaining] == [by_age[2].name] and remaining[0].mounted
         assert held.execute("cat data.bin | wc -c").stdout.strip() == str((1 << 20) + 1)

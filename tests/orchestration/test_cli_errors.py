@@ -21,7 +21,7 @@ from flows.errors import (
     NoWorkersError,
     PrefectServerError,
 )
-from rollyard.errors import EXIT_CODE_MEANINGS, RollyardError, exit_code_for
+from rollyard.errors import EXIT_CODE_MEANINGS, RollyardError, SettingsError, exit_code_for
 from sandboxes.errors import (
     InvalidLimitsError,
     SandboxClosedError,
@@ -35,6 +35,7 @@ from sandboxes.errors import (
 )
 from training.errors import (
     ActionParseError,
+    EnvInfrastructureError,
     EnvLifecycleError,
     PolicyError,
     PolicyServerError,
@@ -62,6 +63,8 @@ EXPECTED_EXIT_CODES = [
     (ActionParseError("x"), 2),
     (TrainerError("x"), 4),
     (EnvLifecycleError("x"), 1),
+    (EnvInfrastructureError("x", "verifier_error", "obs", {"step": 3}), 3),
+    (SettingsError("x"), 2),
     (TrainingSettingsError("x"), 2),
     (FlowError("x"), 1),
     (CliError("x"), 1),

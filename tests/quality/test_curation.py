@@ -63,11 +63,11 @@ def test_rerun_count_follows_flake_rate_and_confidence() -> None:
     assert CurationSettings().runs == 59
     assert CurationSettings(flake_rate=0.1, confidence=0.99).runs == 44
     assert CurationSettings(reruns=3).runs == 3
-    assert CurationSettings.from_env({"ROLLYARD_CURATE_RERUNS": "7"}).runs == 7
+    assert CurationSettings.from_env({"reruns": "7"}).runs == 7
     with pytest.raises(CurationSettingsError, match="flake_rate = 0"):
         CurationSettings(flake_rate=0)
     with pytest.raises(CurationSettingsError, match="ROLLYARD_CURATE_FLAKE_RATE = 'often'"):
-        CurationSettings.from_env({"ROLLYARD_CURATE_FLAKE_RATE": "often"})
+        CurationSettings.from_env({"flake_rate": "often"})
     with pytest.raises(CurationSettingsError, match="difficulty_edges"):
         CurationSettings(difficulty_edges=(0.5, 0.25))
 

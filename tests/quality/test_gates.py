@@ -129,21 +129,20 @@ def test_missing_episodes_fail_the_count_checks(store: TrajectoryStore) -> None:
     assert report.quarantined and _failed(report) == {"episode_count", "episodes_as_scheduled"}
 
 
-def test_settings_from_environment_and_bad_values() -> None:
-    settings = GateSettings.from_env(
-        {
-            "ROLLYARD_GATE_MAX_INFRA_ERROR_RATE": "0.1",
-            "ROLLYARD_GATE_ON_FAILURE": "stop",
-            "ROLLYARD_GATE_BENIGN_FLAGS": "missing_tests, symlink",
-            "ROLLYARD_GATE_DRIFT_WINDOW": "5",
-        },
-        max_hack_flag_rate=0.2,
-    )
+def test_settings_from_environment_and_bad_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {
+        "ROLLYARD_GATE_MAX_INFRA_ERROR_RATE": "0.1",
+        "ROLLYARD_GATE_ON_FAILURE": "stop",
+        "ROLLYARD_GATE_BENIGN_FLAGS": "missing_tests, symlink",
+        "ROLLYARD_GATE_DRIFT_WINDOW": "5",
+    }.items():
+        monkeypatch.setenv(name, value)
+    settings = GateSettings.from_env(max_hack_flag_rate=0.2)
     assert settings.max_infra_error_rate == 0.1 and settings.on_failure == "stop"
     assert settings.benign_flags == ("missing_tests", "symlink") and settings.drift_window == 5
     assert settings.max_hack_flag_rate == 0.2
     with pytest.raises(GateSettingsError, match="ROLLYARD_GATE_DRIFT_WINDOW = 'x'"):
-        GateSettings.from_env({"ROLLYARD_GATE_DRIFT_WINDOW": "x"})
+        GateSettings.from_env({"drift_window": "x"})
     with pytest.raises(GateSettingsError, match="on_failure = 'halt'"):
         GateSettings(on_failure="halt")  # type: ignore[arg-type]
     with pytest.raises(GateSettingsError, match="max_infra_error_rate = 2"):

@@ -29,7 +29,7 @@ from storage import (
     episode_id_for,
 )
 from storage.commits import CommitEngine
-from storage.schemas import OBSERVATION_CAP_CHARS, TABLES, TableSpec
+from storage.schemas import OBSERVATION_CAP_CHARS, STEPS, TABLES, TableSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TESTS_DIR = Path(__file__).resolve().parent
@@ -49,6 +49,15 @@ def assert_consistent(store: TrajectoryStore) -> tuple[int, int]:
     pairs = list(zip(steps["episode_id"].to_pylist(), steps["step"].to_pylist(), strict=True))
     assert len(pairs) == len(set(pairs)), "a step is visible twice"
     return len(ids), len(pairs)
+
+
+def raw_rows(root: Path) -> tuple[int, int]:
+    """Rows of episodes and steps as any Delta reader sees them (deltalake, no rollyard filter)."""
+    from deltalake import DeltaTable
+
+    return tuple(  # type: ignore[return-value]
+        DeltaTable(str(root / name)).to_pyarrow_table().num_rows for name in ("episodes", "steps")
+    )
 
 
 # ---- round trip ---------------------------------------------------------------------------------
@@ -264,7 +273,9 @@ def start_writer(
     )
 
 
-def test_writer_killed_between_steps_and_episodes_leaves_nothing_visible(tmp_path: Path) -> None:
+def test_writer_killed_between_steps_and_episodes_is_completed_by_the_replay(
+    tmp_path: Path,
+) -> None:
     writer = start_writer(tmp_path, 0, 1, kill_after_steps=True)
     writer.communicate(timeout=60)
     assert writer.returncode == -signal.SIGKILL
@@ -275,10 +286,44 @@ def test_writer_killed_between_steps_and_episodes_leaves_nothing_visible(tmp_pat
     assert assert_consistent(store) == (0, 0)
     with store.connect() as con:
         assert con.sql("SELECT count(*) FROM steps").fetchall() == [(0,)]
-    # Replaying the shard commits it once, and the orphaned steps stay hidden.
+    # The killed writer owns the shard (its steps commit landed): the replay completes it with
+    # the killed writer's own episodes file and writes nothing of its own.
     episodes, steps = make_shard("run", 0, 0, n_episodes=20, max_steps=20)
-    assert store.commit_iteration_shard("run", 0, 0, episodes=episodes, steps=steps).committed
+    result = store.commit_iteration_shard("run", 0, 0, episodes=episodes, steps=steps)
+    assert not result.committed and result.commit_id is None
+    assert store.is_committed("run", 0, 0)
     assert assert_consistent(store) == (len(episodes), len(steps))
+    assert raw_rows(tmp_path) == (len(episodes), len(steps))
+    assert not store.commit_iteration_shard("run", 0, 0, episodes=episodes, steps=steps).committed
+
+
+def test_a_stopped_commit_of_a_shard_without_steps_is_completed_by_its_replay(
+    tmp_path: Path,
+) -> None:
+    class Crash(Exception):
+        pass
+
+    original = CommitEngine.commit_files
+
+    def commit_then_crash(
+        self: CommitEngine, table: Any, spec: TableSpec, actions: Any, **kwargs: Any
+    ) -> None:
+        original(self, table, spec, actions, **kwargs)
+        if spec.name == "steps":
+            raise Crash
+
+    store = TrajectoryStore(tmp_path)
+    made, _ = make_shard("run", 0, 0, n_episodes=3, max_steps=3)
+    episodes = [{**episode, "n_steps": 0} for episode in made]  # episodes that never acted
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(CommitEngine, "commit_files", commit_then_crash)
+        with pytest.raises(Crash):  # the steps commit only claims the shard: no file
+            store.commit_iteration_shard("run", 0, 0, episodes=episodes)
+    assert not store.is_committed("run", 0, 0)
+    # The replay finds the owner's commit id in the steps log and commits its episodes file.
+    assert not store.commit_iteration_shard("run", 0, 0, episodes=episodes).committed
+    assert store.is_committed("run", 0, 0)
+    assert raw_rows(tmp_path) == assert_consistent(store) == (3, 0)
 
 
 def test_writer_killed_at_random_points_leaves_readers_consistent(tmp_path: Path) -> None:
@@ -448,33 +493,43 @@ def crash_after_steps(store: TrajectoryStore, run_id: str, iteration: int, shard
             store.commit_iteration_shard(run_id, iteration, shard, episodes=episodes, steps=steps)
 
 
-def test_vacuum_removes_steps_of_lost_and_abandoned_commits(tmp_path: Path) -> None:
-    from deltalake import DeltaTable
+def legacy_lost_steps(store: TrajectoryStore, run_id: str, iteration: int, shard: int) -> None:
+    """Commit a shard's steps without its transaction id and never its episodes: what a commit
+    that lost, or was abandoned, left in the steps table of a store written by older versions."""
+    episodes, steps = make_shard(run_id, iteration, shard, n_episodes=3, max_steps=3)
+    prepared = store.commits.prepare_shard(run_id, iteration, shard, episodes, steps)
+    table = store.commits.open(STEPS, create=True)
+    assert table is not None
+    added = store.commits.write_file(STEPS, prepared.steps, prepared.commit_id, prepared.partition)
+    store.commits.commit_files(table, STEPS, [added])
 
+
+def test_vacuum_completes_stopped_commits_and_removes_legacy_lost_ones(tmp_path: Path) -> None:
     store = TrajectoryStore(tmp_path)
-    crash_after_steps(store, "run", 0, 0)  # shard 0: its replay below wins
-    crash_after_steps(store, "run", 0, 1)  # shard 1: nobody replays it
+    crash_after_steps(store, "run", 0, 1)  # shard 1: its writer stopped halfway
+    legacy_lost_steps(store, "run", 0, 0)  # shard 0: an older layout's lost commit...
     episodes, steps = make_shard("run", 0, 0)
     assert store.commit_iteration_shard("run", 0, 0, episodes=episodes, steps=steps).committed
-    raw_steps = lambda: DeltaTable(str(tmp_path / "steps")).to_pyarrow_table().num_rows  # noqa: E731
+    legacy_lost_steps(store, "run", 0, 2)  # shard 2: ... and one never committed
     visible = assert_consistent(store)
-    assert raw_steps() > visible[1]  # other engines see the orphans until vacuum
+    assert raw_rows(tmp_path)[1] > visible[1]  # other engines see the legacy orphans
 
-    # Only the loser of shard 0 is certainly dead; shard 1 could be a writer still running.
     first = store.vacuum()
+    assert first.completed_shards == (("run", 0, 1),)
     assert len(first.removed_files) == 1 and first.removed_rows > 0
-    assert assert_consistent(store) == visible
-    assert store.vacuum().removed_files == ()
+    completed = assert_consistent(store)
+    assert completed[0] == visible[0] + 5  # crash_after_steps commits 5 episodes
+    assert store.vacuum().removed_files == () and store.vacuum().completed_shards == ()
     second = store.vacuum(uncommitted_older_than=timedelta(0), retention_hours=0)
     assert len(second.removed_files) == 1
-    assert raw_steps() == visible[1]
-    # Removed files are deleted from disk (and so is the never-committed episodes file).
-    assert len(second.deleted_files) >= 3
-    assert assert_consistent(store) == visible
+    assert raw_rows(tmp_path) == completed  # every Delta reader now sees what rollyard does
+    # Removed files are deleted from disk.
+    assert len(second.deleted_files) >= 2
+    assert assert_consistent(store) == completed
     # The abandoned shard can still be committed later.
-    episodes, steps = make_shard("run", 0, 1)
-    assert store.commit_iteration_shard("run", 0, 1, episodes=episodes, steps=steps).committed
-    assert assert_consistent(store)[0] == len(episodes) * 2
+    episodes, steps = make_shard("run", 0, 2)
+    assert store.commit_iteration_shard("run", 0, 2, episodes=episodes, steps=steps).committed
+    assert raw_rows(tmp_path) == assert_consistent(store)
 
 
 @pytest.mark.parametrize(

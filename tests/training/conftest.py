@@ -78,5 +78,11 @@ def write_task(root: Path, source: str = BUGGY_SOURCE) -> Path:
 
 
 @pytest.fixture
+def bug_task_dir(tmp_path: Path) -> Path:
+    """The directory of the task `bug_task` loads."""
+    return write_task(tmp_path / "task")
+
+
+@pytest.fixture
 def bug_task(tmp_path: Path) -> Task:
     return load_task(write_task(tmp_path / "task"))

@@ -13,15 +13,16 @@ import pyarrow.parquet as pq
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from rollyard.status import EpisodeStatus
+from rollyard.errors import RollyardError
+from rollyard.status import INFRASTRUCTURE_STATUSES, EpisodeStatus
 from sandboxes import Sandbox
 from storage import TrajectoryStore
 from tasks_lib.format.model import Task
 from training.actions import TOOL_NAMES, EditFile, RunCommand, Submit, action_to_json
 from training.episode import EpisodeConfig, VerdictFlag
-from training.errors import EnvLifecycleError, TrainingSettingsError
+from training.errors import EnvInfrastructureError, EnvLifecycleError, TrainingSettingsError
 from training.export import DATA_FILE, HF_SCHEMA, TRL_SCHEMA, export_store
-from training.gym_env import RollyardEnv
+from training.gym_env import RollyardEnv, make_task_env
 from training.policy import ChatRecord
 from training.stored import IterationRange, read_trajectories
 from training.trajectory import Step, Trajectory
@@ -276,3 +277,76 @@ def test_export_carries_per_action_trial_credit(tmp_path: Path) -> None:
     assert rows[0]["step_advantages"] == pytest.approx([credit, -1.0 / 3.0])
     assert rows[1]["step_advantages"] == pytest.approx([-1.0 / 3.0])
     assert "try_edit" in [t["function"]["name"] for t in json.loads(rows[0]["tools"])]
+
+
+# ---- registered with Gymnasium, Unicode text, infrastructure failures ---------------------------
+
+
+def test_registered_env_runs_a_real_episode_with_the_real_verifier(bug_task_dir: Path) -> None:
+    import gymnasium as gym
+
+    import training  # noqa: F401 - importing the package registers the environment
+
+    env = gym.make("rollyard/Task-v0", task_dir=bug_task_dir)
+    try:
+        observation, _ = env.reset(seed=0)
+        assert "clamp" in observation and env.observation_space.contains(observation)
+        env.step(action_to_json(FIX))
+        _, reward, terminated, _, info = env.step(action_to_json(Submit()))
+        assert terminated and reward == 1.0 and info["status"] == "ok"
+    finally:
+        env.close()
+
+
+def test_a_directory_that_is_not_a_task_is_refused_by_name(tmp_path: Path) -> None:
+    import gymnasium as gym
+
+    import training.gym_env  # noqa: F401
+
+    with pytest.raises(RollyardError, match=r"instruction\.md"):
+        gym.make("rollyard/Task-v0", task_dir=tmp_path)
+
+
+def test_text_spaces_hold_any_unicode_the_task_holds(bug_task_dir: Path) -> None:
+    root = bug_task_dir
+    instruction = "Réparez `clamp` — 修复 ✓ 🐍\n"
+    (root / "instruction.md").write_text(instruction, encoding="utf-8")
+    env = make_task_env(root, config=EpisodeConfig(max_steps=4), verifier=quick_verifier)
+    try:
+        check_env(env.unwrapped, skip_render_check=True)
+        observation, _ = env.reset()
+        assert observation == instruction and env.observation_space.contains(observation)
+        edit = action_to_json(EditFile("calc.py", "def clamp", "# ünïcode ✓\ndef clamp"))
+        assert env.action_space.contains(edit)
+        observation, *_ = env.step(edit)
+        observation, *_ = env.step(action_to_json(RunCommand("head -1 calc.py")))
+        assert "# ünïcode ✓" in observation and env.observation_space.contains(observation)
+    finally:
+        env.close()
+    assert not env.observation_space.contains("\ud800")  # a lone surrogate is no text
+    assert env.action_space.contains(env.action_space.sample())
+
+
+@pytest.mark.parametrize(
+    "verifier",
+    [
+        pytest.param(lambda task, sandbox: 1 / 0, id="verifier-raises"),
+        pytest.param(
+            lambda task, sandbox: Verdict(0.0, status="infra_error", detail="pytest vanished"),
+            id="verifier-reports-infra-error",
+        ),
+    ],
+)
+def test_a_verifier_failure_is_an_infrastructure_failure_not_reward_0(
+    bug_task: Task, verifier: Any
+) -> None:
+    env = RollyardEnv(bug_task, config=EpisodeConfig(max_steps=4), verifier=verifier)
+    try:
+        env.reset()
+        with pytest.raises(EnvInfrastructureError, match="not a score") as raised:
+            env.step(action_to_json(Submit()))
+        assert raised.value.status in {str(s) for s in INFRASTRUCTURE_STATUSES}
+        assert raised.value.info["status"] == raised.value.status
+        env.reset()  # the environment is usable again
+    finally:
+        env.close()

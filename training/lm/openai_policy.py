@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import email.utils
 import json
-import os
 import re
 import threading
 import time
@@ -22,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from rollyard.settings import settings
 from training.errors import (
     ContextExhaustedError,
     ModelNotServedError,
@@ -77,11 +77,8 @@ class ServedModel:
 
 
 def api_key_from_environment() -> str | None:
-    for name in API_KEY_VARIABLES:
-        value = os.environ.get(name)
-        if value:
-            return value
-    return None
+    key = settings().openai_api_key
+    return key.get_secret_value() if key is not None and key.get_secret_value() else None
 
 
 def _one_line(text: str, limit: int = 200) -> str:
