@@ -7,7 +7,9 @@ dotted path starts with a single underscore: `from tasks_lib.verify import _Run`
 name. Within a part anything goes; across parts only public names, so a part's underscore names
 can change without reading the rest of the project.
 
-The import graph says which module imports which, not which names; so the contract reads each
+import-linter's own `private_modules` contract sees only underscore modules, judged by their
+parent package; this one sees names too, judged by part. The import graph says which module
+imports which, not which names; so the contract reads each
 module's source with `ast`, found from the root package's location without importing anything.
 """
 
