@@ -106,7 +106,7 @@ def train_seed(
 ) -> tuple[list[Any], Path, list[dict[str, Any]]]:
     from flows.train import TrainSettings, run_training
     from storage import TrajectoryStore
-    from training.lm.trainer import LMTrainerConfig
+    from training.lm.grpo_config import LMTrainerConfig
 
     store = root / f"store-{seed}"
     settings = TrainSettings(

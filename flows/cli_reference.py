@@ -1,7 +1,11 @@
 """The README's CLI reference — the exit codes, then every command — generated from
 `rollyard.errors` and the `rollyard` argparse parser so it cannot drift:
 `python -m flows.cli_reference --write` rewrites the block between the markers in README.md,
-`--check` fails when it is stale (the test suite checks it too)."""
+`--check` fails when it is stale (the test suite checks it too).
+
+argparse has no public way to list a parser's arguments or its sub-commands' help, so this module,
+and only it, reads `_actions` and `_choices_actions`; should argparse change them, the README check
+in the test suite fails rather than the reference drifting."""
 
 from __future__ import annotations
 

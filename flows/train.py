@@ -40,8 +40,8 @@ from training.iteration import (
     task_dirs_in,
 )
 from training.lm.conversation import ChatSampling
+from training.lm.grpo_config import LMTrainerConfig
 from training.lm.spec import parse_policy_spec
-from training.lm.trainer import LMTrainerConfig
 from training.recovery import FaultPlan, RecoveryPolicy
 from training.rollout import (
     Schedule,

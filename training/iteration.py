@@ -30,7 +30,7 @@ from training.trajectory import Trajectory
 
 if TYPE_CHECKING:
     from training.lm.conversation import ChatSampling
-    from training.lm.trainer import LMTrainerConfig
+    from training.lm.grpo_config import LMTrainerConfig
 
 LOGGER = logging.getLogger(__name__)
 ITERATION_DONE_SOURCE = "train_flow"
@@ -156,8 +156,10 @@ def new_trainer(
         from training.builtin.scorer_policy import CandidateScorerPolicy
 
         return GRPOTrainer(CandidateScorerPolicy(seed=seed), GRPOConfig(seed=seed))
+    from training.lm.grpo_config import LMTrainerConfig, LoraSettings
     from training.lm.spec import check_model_dir
-    from training.lm.trainer import LMTrainer, LMTrainerConfig, LoraSettings, ServedAdapters
+    from training.lm.trainer import LMTrainer
+    from training.lm.weights import ServedAdapters
 
     if weights_dir is None:
         raise TrainingSettingsError(f"training {policy_spec} needs a directory for new weights")

@@ -38,7 +38,7 @@ from training.trajectory import Trajectory
 
 if TYPE_CHECKING:
     from training.lm.conversation import ChatSampling
-    from training.lm.trainer import LMTrainerConfig
+    from training.lm.grpo_config import LMTrainerConfig
 
 
 def rollout_batch(

@@ -13,8 +13,10 @@ from tests.lm.conftest import LmServer
 from tests.lm.sampled_episodes import batch_of
 from training.actions import History
 from training.lm.generate import LocalGenerator
+from training.lm.grpo_config import LMTrainerConfig, LoraSettings
 from training.lm.openai_policy import OpenAIPolicy
-from training.lm.trainer import LMTrainer, LMTrainerConfig, LoraSettings, ServedAdapters
+from training.lm.trainer import LMTrainer
+from training.lm.weights import ServedAdapters
 from training.policy import ChatRecord
 
 

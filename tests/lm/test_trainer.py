@@ -18,16 +18,11 @@ from training.errors import TrainerError
 from training.iteration import load_trainer
 from training.lm.conversation import ChatSampling
 from training.lm.generate import LocalGenerator, SamplingParams
+from training.lm.grpo_config import LMTrainerConfig, LoraSettings
 from training.lm.hf_policy import HFPolicy
 from training.lm.tiny import TinyModelSize, build_tiny_model
-from training.lm.trainer import (
-    LMTrainer,
-    LMTrainerConfig,
-    LoraSettings,
-    _samples,
-    _token_weights,
-    token_logprobs,
-)
+from training.lm.token_loss import token_logprobs, token_weights, trained_samples
+from training.lm.trainer import LMTrainer
 from training.policy import ChatRecord
 
 
@@ -64,7 +59,7 @@ def parameters(trainer: LMTrainer) -> list[torch.Tensor]:
 
 def test_only_the_models_own_tokens_train(generator: LocalGenerator) -> None:
     (episode,) = batch_of(generator, {0: [1.0]})
-    (sample,) = _samples([episode], {episode.episode_id: 1.0}, budget=4096)
+    (sample,) = trained_samples([episode], {episode.episode_id: 1.0}, budget=4096)
     trained_ids = [sample.sequence.input_ids[p] for p in sample.trained_positions]
     first, second = (step.record for step in episode.steps)
     assert isinstance(first, ChatRecord) and isinstance(second, ChatRecord)
@@ -100,7 +95,7 @@ def test_recomputed_logprobs_match_the_in_process_samplers_at_temperature_1(
     from_policy = dataclasses.replace(
         episode, steps=(dataclasses.replace(episode.steps[0], record=record),)
     )
-    (sample,) = _samples([from_policy], {from_policy.episode_id: 1.0}, budget=4096)
+    (sample,) = trained_samples([from_policy], {from_policy.episode_id: 1.0}, budget=4096)
     with torch.no_grad():
         (recomputed,) = token_logprobs(generator.model, [sample], temperature=1.0, pad_token_id=0)
     sampler = torch.tensor(record.completion_logprobs)
@@ -153,7 +148,9 @@ def test_the_update_raises_the_better_samples_tokens(
 ) -> None:
     better, worse = batch_of(generator, {0: [1.0, 0.0]})
     trainer = new_trainer(model_dir, tmp_path)
-    samples = _samples([better, worse], {better.episode_id: 1.0, worse.episode_id: -1.0}, 4096)
+    samples = trained_samples(
+        [better, worse], {better.episode_id: 1.0, worse.episode_id: -1.0}, 4096
+    )
 
     def mean_logprobs() -> list[float]:
         with torch.no_grad():
@@ -177,7 +174,7 @@ def test_gradient_accumulation_gives_the_full_batch_gradient(
     batch = batch_of(generator, {0: [1.0, 0.0], 1: [0.0, 1.0]})
     longest = max(
         len(s.sequence.input_ids)
-        for s in _samples(batch, {t.episode_id: 1.0 for t in batch}, budget=4096)
+        for s in trained_samples(batch, {t.episode_id: 1.0 for t in batch}, budget=4096)
     )
     whole = new_trainer(model_dir, tmp_path / "a", max_tokens_per_microbatch=4096)
     split = new_trainer(model_dir, tmp_path / "b", max_tokens_per_microbatch=longest)
@@ -195,9 +192,9 @@ def test_gradient_accumulation_gives_the_full_batch_gradient(
 
 def test_sequence_aggregation_weighs_every_episode_the_same(generator: LocalGenerator) -> None:
     batch = batch_of(generator, {0: [1.0, 0.0]})
-    samples = _samples(batch, {t.episode_id: 1.0 for t in batch}, budget=4096)
-    sequence = _token_weights(samples, "sequence")
-    token = _token_weights(samples, "token")
+    samples = trained_samples(batch, {t.episode_id: 1.0 for t in batch}, budget=4096)
+    sequence = token_weights(samples, "sequence")
+    token = token_weights(samples, "token")
     per_episode = [sequence[id(s)] * len(s.trained_positions) for s in samples]
     assert per_episode == pytest.approx([0.5, 0.5])
     total_tokens = sum(len(s.trained_positions) for s in samples)

@@ -1,0 +1,1 @@
+"""Checks the project runs on its own code: the import-linter contract types `make lint` adds."""
