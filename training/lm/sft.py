@@ -89,23 +89,21 @@ def _unique_block(text: str, start: int, end: int) -> tuple[int, int]:
 
 
 def edit_actions(path: str, old: str, new: str) -> list[Action]:
-    """`edit_file` calls turning `old` into `new`, one per changed block (last block first, so
-    each edit's text is still the original's when it is applied)."""
-    old_lines = old.splitlines(keepends=True)
+    """`edit_file` calls turning `old` into `new`, one per changed block, last block first. Each
+    edit's text is made unique in the file as it is when that edit applies (after the edits
+    below it), since an edit below can write a copy of a line the next edit replaces."""
+    current = old.splitlines(keepends=True)
     new_lines = new.splitlines(keepends=True)
-    matcher = difflib.SequenceMatcher(a=old_lines, b=new_lines, autojunk=False)
+    matcher = difflib.SequenceMatcher(a=current[:], b=new_lines, autojunk=False)
     edits: list[Action] = []
+    # Last block first: the lines above a block are still the original's when it applies.
     for tag, a_start, a_end, b_start, b_end in reversed(matcher.get_opcodes()):
         if tag == "equal":
             continue
-        start, end = _unique_block(old, a_start, max(a_end, a_start + 1))
-        replaced = "".join(old_lines[start:end])
-        replacement = (
-            "".join(old_lines[start:a_start])
-            + "".join(new_lines[b_start:b_end])
-            + "".join(old_lines[a_end:end])
-        )
-        edits.append(EditFile(path, replaced, replacement))
+        start, end = _unique_block("".join(current), a_start, max(a_end, a_start + 1))
+        replacement = current[start:a_start] + new_lines[b_start:b_end] + current[a_end:end]
+        edits.append(EditFile(path, "".join(current[start:end]), "".join(replacement)))
+        current[start:end] = replacement
     return edits
 
 
