@@ -12,6 +12,7 @@ the last iteration whose completion marker (a metrics row written last) is in th
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +27,8 @@ from prefect.futures import wait as wait_for_futures
 from flows.artifacts import publish_iteration_artifacts
 from flows.errors import FlowSettingsError, GateStoppedRun, NoWorkersError, ShardDeadlineError
 from storage import TrajectoryStore
+from storage.fsck import check_before_use
+from storage.lease import writer_lease
 from storage.gates import GateReport, GateSettings
 from storage.gates import gate_iteration as run_gate
 from training.episode import EpisodeConfig
@@ -137,6 +140,8 @@ class TrainSettings:
         """Iterations rolled out ahead of the trainer."""
         return self.max_policy_lag if self.mode == "async" else 0
 
+
+_log = logging.getLogger(__name__)
 
 ProgressHook = Callable[[str, dict[str, Any]], None]
 _progress_hook: ProgressHook | None = None
@@ -378,6 +383,13 @@ class _Submitted:
 
 @flow(name="train", log_prints=False)
 def train(settings: TrainSettings) -> list[IterationSummary]:
+    # Held already when `run_training` started the flow (then this nests); taken here for a
+    # flow started any other way (a deployment).
+    with writer_lease(settings.store, run_id=settings.run_id):
+        return _train(settings)
+
+
+def _train(settings: TrainSettings) -> list[IterationSummary]:
     logger = get_run_logger()
     # Before any episode and any write: the spec, a trainer for it, a server that answers.
     policy = check_training_policy(settings.policy)
@@ -547,6 +559,20 @@ def run_training(
     # A shard is rescheduled when its worker dies; Dask gives up after `allowed-failures` deaths
     # of the same task (default 3). Shards are idempotent, so allow more before failing a run.
     dask.config.set({"distributed.scheduler.allowed-failures": WORKER_DEATHS_PER_SHARD})
+    preflight(settings)
     runner = dask_task_runner(workers, dask_address)
-    with prefect_api(prefect_home_for(settings.store)):
-        return train.with_options(task_runner=runner)(settings)
+    # The lease comes before the Prefect server: its database lives under the store, and two
+    # servers must not initialise it at once.
+    with writer_lease(settings.store, run_id=settings.run_id) as stale:
+        if stale is not None:
+            _log.warning("took over the stale writer lease of %s", stale.describe())
+        with prefect_api(prefect_home_for(settings.store)):
+            return train.with_options(task_runner=runner)(settings)
+
+
+def preflight(settings: TrainSettings) -> None:
+    """What refuses a run before anything is written or started: a tasks directory without
+    tasks, and, to resume, a store the cheap store check finds damaged."""
+    task_dirs_in(Path(settings.tasks_dir))
+    if settings.resume:
+        check_before_use(settings.store)
