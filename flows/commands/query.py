@@ -42,6 +42,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from storage.fsck import check_before_use
     from storage import NAMED_QUERIES, StoreError, TrajectoryStore
 
     if args.list_named:
@@ -53,12 +54,13 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("give either SQL or --named NAME (see --list-named)", EXIT_USAGE)
     try:
         store = TrajectoryStore(args.store, create=False)
+        check_before_use(store.root)
         if args.named:
             table = store.named(args.named)
         else:
             table = store.query(args.sql, allow_writes_to=args.allow_writes_to)
     except StoreError as error:
-        raise CliError(str(error)) from error
+        raise CliError(str(error), error.exit_code) from error
     _print(table, args.format)
     return 0
 

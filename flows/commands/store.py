@@ -1,13 +1,16 @@
-"""`rollyard store`: maintenance of a trajectory store (`compact`, `vacuum`)."""
+"""`rollyard store`: maintenance of a trajectory store (`compact`, `vacuum`) and its fsck
+(`check`, `repair`)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from datetime import timedelta
 from typing import Any
 
 from flows.cli import non_negative_int, positive_float
 from flows.errors import CliError
+from rollyard.errors import EXIT_DAMAGED, EXIT_USAGE
 
 
 def register(subparsers: Any) -> None:
@@ -61,6 +64,34 @@ def register(subparsers: Any) -> None:
     )
     vacuum.set_defaults(handler=vacuum_command)
 
+    check = commands.add_parser(
+        "check",
+        help="find what a crash or a damaged disk left in the store (exit 4 when anything)",
+        description=(
+            "Read every table's log and check the files it references (present, of the "
+            "recorded size, a Parquet footer that reads and holds the recorded rows), data files "
+            "no commit references, steps of shards never committed, checkpoint blobs and a "
+            "stale writer lease. Prints one line per problem and what repair does about it; "
+            "exits 4 when it found any. Reads only."
+        ),
+    )
+    check.add_argument("--store", default=".rollyard", help="store root (default: ./.rollyard)")
+    check.set_defaults(handler=check_command)
+
+    repair = commands.add_parser(
+        "repair",
+        help="fix what `store check` finds: quarantine damaged and orphan files, drop stale leases",
+        description=(
+            "Run the check, show what will be done and, once confirmed, remove damaged and "
+            "uncommitted files from their tables (a Delta remove action), move them and every "
+            "orphan file into quarantine/<time>/ under the store (nothing is deleted) and remove "
+            "a stale writer lease. Holds the writer lease meanwhile: refused while a run writes."
+        ),
+    )
+    repair.add_argument("--store", default=".rollyard", help="store root (default: ./.rollyard)")
+    repair.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    repair.set_defaults(handler=repair_command)
+
 
 def vacuum_command(args: argparse.Namespace) -> int:
     from storage import StoreError, TrajectoryStore
@@ -97,3 +128,65 @@ def compact_command(args: argparse.Namespace) -> int:
         f"{result.files_after} ({result.rows} rows)"
     )
     return 0
+
+
+def check_command(args: argparse.Namespace) -> int:
+    from storage import StoreError
+    from storage.fsck import check_store
+
+    try:
+        report = check_store(args.store)
+    except StoreError as error:
+        raise CliError(str(error), error.exit_code) from error
+    for problem in report.problems:
+        print(problem.line())
+    if report.writer is not None:
+        print(
+            f"a writer is active ({report.writer.describe()}): its files in flight were not "
+            "judged; check again once it is done"
+        )
+    if report.left_alone:
+        print(f"{report.left_alone} unreferenced file(s) too recent to judge were left alone")
+    if report.ok:
+        print(f"{report.root}: no problems in {report.files_checked} data file(s)")
+        return 0
+    print(
+        f"{report.root}: {len(report.problems)} problem(s) in {report.files_checked} data "
+        f"file(s); run `rollyard store repair --store {args.store}` to fix what can be fixed"
+    )
+    return EXIT_DAMAGED
+
+
+def repair_command(args: argparse.Namespace) -> int:
+    from storage import StoreError
+    from storage.fsck import REPAIRABLE_KINDS, check_store, repair_store
+
+    try:
+        planned = check_store(args.store)
+        fixable = [p for p in planned.problems if p.kind in REPAIRABLE_KINDS]
+        if not fixable:
+            for problem in planned.problems:
+                print(problem.line())
+            print(f"{planned.root}: nothing repair can fix")
+            return 0 if planned.ok else EXIT_DAMAGED
+        for problem in fixable:
+            print(problem.line())
+        if not args.yes:
+            if not sys.stdin.isatty():
+                raise CliError(
+                    "store repair changes the store's tables: confirm with --yes when not "
+                    "running at a terminal",
+                    EXIT_USAGE,
+                )
+            answer = input(f"repair these {len(fixable)} problem(s)? [y/N] ")
+            if answer.strip().lower() not in ("y", "yes"):
+                print("nothing changed")
+                return EXIT_DAMAGED
+        result = repair_store(args.store)
+    except StoreError as error:
+        raise CliError(str(error), error.exit_code) from error
+    moved = f"; files moved to {result.quarantine}" if result.quarantine else ""
+    print(f"repaired {len(result.fixed)} problem(s){moved}")
+    for problem in result.after.problems:
+        print(problem.line())
+    return 0 if result.after.ok else EXIT_DAMAGED

@@ -245,6 +245,9 @@ def train_command(args: argparse.Namespace) -> int:
         raise CliError(f"--tasks {tasks_dir} is not a directory", EXIT_USAGE)
     _check_policy(args)
     settings = _settings(args, tasks_dir)
+    from flows.train import preflight
+
+    preflight(settings)  # before the progress display and before anything is written
     try:
         summaries = _run_with_progress(settings, args)
     except ValueError as error:
