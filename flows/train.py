@@ -12,7 +12,6 @@ the last iteration whose completion marker (a metrics row written last) is in th
 from __future__ import annotations
 
 import dataclasses
-import logging
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -140,8 +139,6 @@ class TrainSettings:
         """Iterations rolled out ahead of the trainer."""
         return self.max_policy_lag if self.mode == "async" else 0
 
-
-_log = logging.getLogger(__name__)
 
 ProgressHook = Callable[[str, dict[str, Any]], None]
 _progress_hook: ProgressHook | None = None
@@ -563,9 +560,7 @@ def run_training(
     runner = dask_task_runner(workers, dask_address)
     # The lease comes before the Prefect server: its database lives under the store, and two
     # servers must not initialise it at once.
-    with writer_lease(settings.store, run_id=settings.run_id) as stale:
-        if stale is not None:
-            _log.warning("took over the stale writer lease of %s", stale.describe())
+    with writer_lease(settings.store, run_id=settings.run_id):
         with prefect_api(prefect_home_for(settings.store)):
             return train.with_options(task_runner=runner)(settings)
 

@@ -123,11 +123,19 @@ class RepairReport:
     after: CheckReport
 
 
-def check_store(root: str | os.PathLike[str], *, full: bool = True) -> CheckReport:
+def check_store(
+    root: str | os.PathLike[str],
+    *,
+    full: bool = True,
+    in_flight_grace_s: float = IN_FLIGHT_GRACE_S,
+) -> CheckReport:
     """Check every table of the local store at `root`: its log loads, the files it references
     exist with their recorded size and (`full`) their Parquet footer reads and holds the recorded
     row count; every data file on disk is referenced; checkpoint blobs exist and (`full`) match
-    their digests. Reads only; see the module docstring for the kinds of problem."""
+    their digests. Reads only; see the module docstring for the kinds of problem.
+
+    Unreferenced files younger than `in_flight_grace_s` are left alone: a writer that does not
+    take the lease (a library caller) may be about to commit them. Pass 0 when none runs."""
     store = _local_root(root)
     state = lease.inspect(store)
     # The lease this process holds (a repair checking under it) is no other writer.
@@ -138,7 +146,7 @@ def check_store(root: str | os.PathLike[str], *, full: bool = True) -> CheckRepo
         problems.append(
             Problem("stale_lease", "-", lease.LEASE_FILE, f"left by {named}, which is gone")
         )
-    cutoff_s = time.time() - IN_FLIGHT_GRACE_S
+    cutoff_s = time.time() - in_flight_grace_s
     judge_in_flight = writer is None
     young = 0
     files_checked = 0
@@ -195,7 +203,7 @@ def check_store(root: str | os.PathLike[str], *, full: bool = True) -> CheckRepo
             )
     if judge_in_flight and STEPS.name in tables:
         problems += _uncommitted_steps(tables[STEPS.name], tables.get(EPISODES.name), cutoff_s)
-    problems += _check_blobs(store, tables.get(CHECKPOINTS.name), full, judge_in_flight)
+    problems += _check_blobs(store, tables.get(CHECKPOINTS.name), full, judge_in_flight, cutoff_s)
     return CheckReport(str(store), tuple(problems), files_checked, writer, young)
 
 
@@ -218,15 +226,18 @@ def check_before_use(root: str | os.PathLike[str]) -> None:
         )
 
 
-def repair_store(root: str | os.PathLike[str]) -> RepairReport:
+def repair_store(
+    root: str | os.PathLike[str], *, in_flight_grace_s: float = IN_FLIGHT_GRACE_S
+) -> RepairReport:
     """Fix what `check_store` finds and can fix, holding the writer lease so no writer runs
     meanwhile: remove damaged and uncommitted files from their tables (one Delta commit per
     table), move every such file and every orphan into `quarantine/<time>/`, remove a stale
-    lease. Raises `LeaseHeldError` while a live writer holds the store."""
+    lease. Raises `LeaseHeldError` while a live writer holds the store. `in_flight_grace_s` as
+    in `check_store`."""
     store = _local_root(root)
     stale_found = lease.inspect(store)
     with lease.writer_lease(store, run_id="-", purpose="store repair"):
-        report = check_store(store, full=True)
+        report = check_store(store, in_flight_grace_s=in_flight_grace_s)
         engine = CommitEngine(str(store), remote=False, storage_options={})
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         quarantine = store / QUARANTINE_DIR / stamp
@@ -270,7 +281,7 @@ def repair_store(root: str | os.PathLike[str]) -> RepairReport:
             fixed.append(
                 Problem("stale_lease", "-", lease.LEASE_FILE, f"left by {named}, which is gone")
             )
-    after = check_store(store, full=True)
+    after = check_store(store, in_flight_grace_s=in_flight_grace_s)
     return RepairReport(tuple(fixed), str(quarantine) if moved else None, after)
 
 
@@ -391,6 +402,7 @@ def _check_blobs(
     checkpoints: DeltaTable | None,
     full: bool,
     judge_in_flight: bool,
+    cutoff_s: float,
 ) -> list[Problem]:
     blobs = store / CHECKPOINT_BLOBS
     problems: list[Problem] = []
@@ -410,7 +422,6 @@ def _check_blobs(
                 Problem("blob", CHECKPOINTS.name, relative, f"does not match its sha256 {digest}")
             )
     if judge_in_flight and blobs.is_dir():
-        cutoff_s = time.time() - IN_FLIGHT_GRACE_S
         for path in sorted(blobs.rglob("*")):
             if not path.is_file() or path.stat().st_mtime > cutoff_s:
                 continue

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import socket
 import threading
@@ -30,6 +31,8 @@ from rollyard.errors import EXIT_UNAVAILABLE
 from storage.errors import StoreError
 
 LEASE_FILE = "writer.lease"
+
+_log = logging.getLogger(__name__)
 
 
 class LeaseHeldError(StoreError):
@@ -147,6 +150,8 @@ def writer_lease(
             _release(path)
         return
     fd, stale = _acquire(path, run_id=run_id, purpose=purpose)
+    if stale is not None:
+        _log.warning("%s: took over the stale writer lease of %s", path.parent, stale.describe())
     with _held_lock:
         _held[path] = (fd, 1)
     try:

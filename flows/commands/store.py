@@ -8,7 +8,7 @@ import sys
 from datetime import timedelta
 from typing import Any
 
-from flows.cli import non_negative_int, positive_float
+from flows.cli import int_between, non_negative_int, positive_float
 from flows.errors import CliError
 from rollyard.errors import EXIT_DAMAGED, EXIT_USAGE
 
@@ -76,6 +76,7 @@ def register(subparsers: Any) -> None:
         ),
     )
     check.add_argument("--store", default=".rollyard", help="store root (default: ./.rollyard)")
+    _grace_option(check)
     check.set_defaults(handler=check_command)
 
     repair = commands.add_parser(
@@ -90,6 +91,7 @@ def register(subparsers: Any) -> None:
     )
     repair.add_argument("--store", default=".rollyard", help="store root (default: ./.rollyard)")
     repair.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    _grace_option(repair)
     repair.set_defaults(handler=repair_command)
 
 
@@ -130,12 +132,29 @@ def compact_command(args: argparse.Namespace) -> int:
     return 0
 
 
+MAX_GRACE_S = 7 * 24 * 3600
+
+
+def _grace_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--grace-s",
+        type=int_between(0, MAX_GRACE_S),
+        default=900,
+        metavar="SECONDS",
+        help=(
+            "leave alone unreferenced files younger than this: a writer that does not take the "
+            f"store's lease may still commit them (default 900, at most {MAX_GRACE_S}; 0 when "
+            "you know no writer runs)"
+        ),
+    )
+
+
 def check_command(args: argparse.Namespace) -> int:
     from storage import StoreError
     from storage.fsck import check_store
 
     try:
-        report = check_store(args.store)
+        report = check_store(args.store, in_flight_grace_s=args.grace_s)
     except StoreError as error:
         raise CliError(str(error), error.exit_code) from error
     for problem in report.problems:
@@ -162,7 +181,7 @@ def repair_command(args: argparse.Namespace) -> int:
     from storage.fsck import REPAIRABLE_KINDS, check_store, repair_store
 
     try:
-        planned = check_store(args.store)
+        planned = check_store(args.store, in_flight_grace_s=args.grace_s)
         fixable = [p for p in planned.problems if p.kind in REPAIRABLE_KINDS]
         if not fixable:
             for problem in planned.problems:
@@ -182,7 +201,7 @@ def repair_command(args: argparse.Namespace) -> int:
             if answer.strip().lower() not in ("y", "yes"):
                 print("nothing changed")
                 return EXIT_DAMAGED
-        result = repair_store(args.store)
+        result = repair_store(args.store, in_flight_grace_s=args.grace_s)
     except StoreError as error:
         raise CliError(str(error), error.exit_code) from error
     moved = f"; files moved to {result.quarantine}" if result.quarantine else ""

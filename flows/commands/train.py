@@ -246,22 +246,33 @@ def train_command(args: argparse.Namespace) -> int:
     _check_policy(args)
     settings = _settings(args, tasks_dir)
     from flows.train import preflight
+    from storage.lease import writer_lease
 
-    preflight(settings)  # before the progress display and before anything is written
-    try:
-        summaries = _run_with_progress(settings, args)
-    except ValueError as error:
-        raise CliError(str(error), EXIT_USAGE) from error
+    # Both before the progress display: a refusal is one line. The flow nests in this lease.
+    preflight(settings)
+    with writer_lease(settings.store, run_id=settings.run_id):
+        try:
+            summaries = _run_with_progress(settings, args)
+        except ValueError as error:
+            raise CliError(str(error), EXIT_USAGE) from error
     _print_summary(summaries)
     return 0
 
 
 def demo_command(args: argparse.Namespace) -> int:
+    from storage.lease import writer_lease
+
+    _check_policy(args)
+    # Before the demo writes its tasks into the store: one writer at a time.
+    with writer_lease(args.store, run_id=args.run_id or f"run-{args.seed}"):
+        return _demo(args)
+
+
+def _demo(args: argparse.Namespace) -> int:
     from storage import TrajectoryStore
     from tasks_lib import generate_demo_tasks
     from tasks_lib.format import tasks_in
 
-    _check_policy(args)
     store_root = Path(args.store)
     tasks_dir = store_root / "demo-tasks"
     if not tasks_in(tasks_dir):
