@@ -176,11 +176,17 @@ def check_command(args: argparse.Namespace) -> int:
 
 
 def verify_command(args: argparse.Namespace) -> int:
+    from sandboxes.snapshot import TreeBounds
     from tasks_lib import CandidateChanges, TaskError, verify
+    from tasks_lib.verify.candidate import CandidateBounds
 
     task = _load(args.task)
     try:
-        candidate = CandidateChanges.from_directory(args.candidate, task.snapshot_dir)
+        # The candidate directory is a whole workspace: the task's own workspace bounds.
+        bounds = CandidateBounds(tree=TreeBounds.of(task.limits))
+        candidate = CandidateChanges.from_directory(
+            args.candidate, task.snapshot_dir, bounds=bounds
+        )
     except (TaskError, OSError) as error:
         raise CliError(str(error), EXIT_USAGE) from error
     result = verify(task, candidate)
