@@ -115,7 +115,11 @@ def checkout_command(args: argparse.Namespace) -> int:
 
 
 def _declared_id(path: Path) -> str:
+    from tasks_lib.format.loader import MAX_TASK_TOML_BYTES
+
     try:
+        if (path / "task.toml").stat().st_size > MAX_TASK_TOML_BYTES:
+            return path.name  # validation names the oversized file
         doc = tomllib.loads((path / "task.toml").read_text(encoding="utf-8"))
         task_id = doc.get("rollyard", {}).get("id")
         if isinstance(task_id, str):
