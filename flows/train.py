@@ -27,9 +27,9 @@ from flows.artifacts import publish_iteration_artifacts
 from flows.errors import FlowSettingsError, GateStoppedRun, NoWorkersError, ShardDeadlineError
 from storage import TrajectoryStore
 from storage.fsck import check_before_use
-from storage.lease import writer_lease
 from storage.gates import GateReport, GateSettings
 from storage.gates import gate_iteration as run_gate
+from storage.lease import writer_lease
 from training.episode import EpisodeConfig
 from training.grpo import GRPOTrainer, UpdateMetrics
 from training.iteration import (
@@ -560,9 +560,11 @@ def run_training(
     runner = dask_task_runner(workers, dask_address)
     # The lease comes before the Prefect server: its database lives under the store, and two
     # servers must not initialise it at once.
-    with writer_lease(settings.store, run_id=settings.run_id):
-        with prefect_api(prefect_home_for(settings.store)):
-            return train.with_options(task_runner=runner)(settings)
+    with (
+        writer_lease(settings.store, run_id=settings.run_id),
+        prefect_api(prefect_home_for(settings.store)),
+    ):
+        return train.with_options(task_runner=runner)(settings)
 
 
 def preflight(settings: TrainSettings) -> None:

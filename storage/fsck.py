@@ -159,9 +159,7 @@ def check_store(
             table = DeltaTable(str(directory))
             actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
         except Exception as error:  # deltalake raises several unrelated types for a bad log
-            problems.append(
-                Problem("log", spec.name, f"{spec.name}/_delta_log", first_line(error))
-            )
+            problems.append(Problem("log", spec.name, f"{spec.name}/_delta_log", first_line(error)))
             continue
         tables[spec.name] = table
         live: set[str] = set()

@@ -42,8 +42,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from storage.fsck import check_before_use
     from storage import NAMED_QUERIES, StoreError, TrajectoryStore
+    from storage.fsck import check_before_use
 
     if args.list_named:
         width = max(len(name) for name in NAMED_QUERIES)

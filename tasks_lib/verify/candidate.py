@@ -34,7 +34,7 @@ class CandidateBounds:
     """Bytes of added and modified files, together."""
     max_files: int = DEFAULT_MAX_FILES
     """Added, modified, deleted files and links, together."""
-    tree: TreeBounds = TreeBounds()
+    tree: TreeBounds = dataclasses.field(default_factory=TreeBounds)
     """The whole candidate directory (`from_directory`), walked by `stat` before any read."""
 
 
@@ -113,9 +113,7 @@ class CandidateChanges:
         try:
             tree_size(candidate, bounds.tree)
         except SnapshotError as error:
-            raise CandidateBoundsError(
-                str(error).replace("snapshot ", "candidate ", 1)
-            ) from None
+            raise CandidateBoundsError(str(error).replace("snapshot ", "candidate ", 1)) from None
         files: dict[str, bytes] = {}
         symlinks: dict[str, str] = {}
         seen: set[str] = set()

@@ -78,9 +78,7 @@ def test_a_sparse_terabyte_in_a_candidate_is_refused_unread(
     assert found["maxrss_mb"] < 400 and found["elapsed_s"] < 10, found
 
 
-def test_dense_bytes_beyond_the_change_budget_are_refused(
-    task_dir: Path, candidate: Path
-) -> None:
+def test_dense_bytes_beyond_the_change_budget_are_refused(task_dir: Path, candidate: Path) -> None:
     (candidate / "blob.bin").write_bytes(os.urandom(2 << 20))
     task = load_task(task_dir)
     with pytest.raises(CandidateBoundsError, match="more than 1048576 bytes"):
@@ -160,9 +158,7 @@ def test_an_agent_flooding_its_workspace_scores_zero_without_breaking_the_verifi
 ) -> None:
     task = load_task(task_dir)
     with open_sandbox(task.snapshot_dir, limits=task.limits) as sandbox:
-        made = sandbox.execute(
-            "mkdir flood && cd flood && seq 1 10050 | xargs touch", timeout_s=60
-        )
+        made = sandbox.execute("mkdir flood && cd flood && seq 1 10050 | xargs touch", timeout_s=60)
         assert made.ok, made.stderr
         result = verify_sandbox(task, sandbox)
     # Scored as a failed attempt (reward 0, flagged), not a verifier error retried as infra.

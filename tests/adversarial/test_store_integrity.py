@@ -17,7 +17,8 @@ import pytest
 from storage import TrajectoryStore
 from storage.fsck import check_store
 from storage.lease import LeaseHeldError, inspect, writer_lease
-from tests.storage.shard_data import make_shard
+
+pytestmark = [pytest.mark.adversarial, pytest.mark.timeout(300)]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMMAND_TIMEOUT_S = 120
@@ -139,9 +140,11 @@ def test_a_second_writer_in_the_same_store_is_refused_and_the_lease_nests_in_one
 ) -> None:
     holder = hold_lease(tmp_path)
     try:
-        with pytest.raises(LeaseHeldError, match=f"pid {holder.pid}"):
-            with writer_lease(tmp_path, run_id="second"):
-                pytest.fail("a second writer got the lease")
+        with (
+            pytest.raises(LeaseHeldError, match=f"pid {holder.pid}"),
+            writer_lease(tmp_path, run_id="second"),
+        ):
+            pytest.fail("a second writer got the lease")
     finally:
         holder.kill()
         holder.wait()
@@ -285,15 +288,16 @@ def test_two_trainers_started_together_one_runs_one_is_refused(
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     trainers = [
-        subprocess.Popen(args, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)  # fmt: skip
+        subprocess.Popen(
+            args, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         for _ in range(2)
     ]
     deadline = time.monotonic() + 600
     outcomes = []
     try:
         for trainer in trainers:
-            out, err = trainer.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            _out, err = trainer.communicate(timeout=max(1.0, deadline - time.monotonic()))
             outcomes.append((trainer.returncode, err))
     finally:
         for trainer in trainers:
@@ -330,8 +334,13 @@ def test_two_processes_race_for_one_lease_and_exactly_one_wins(tmp_path: Path) -
     answered = tmp_path / "answered"
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     racers = [
-        subprocess.Popen([sys.executable, "-c", racer, str(tmp_path), start, str(answered)],
-                         cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, text=True)  # fmt: skip
+        subprocess.Popen(
+            [sys.executable, "-c", racer, str(tmp_path), start, str(answered)],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(4)
     ]
     results = []
@@ -343,3 +352,28 @@ def test_two_processes_race_for_one_lease_and_exactly_one_wins(tmp_path: Path) -
         r.communicate(timeout=COMMAND_TIMEOUT_S)
     assert sorted(results) == ["refused", "refused", "refused", "won"]
     assert not inspect(tmp_path).exists
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "--workers=100000",
+        "--iterations=1000000000",
+        "--group-size=100000",
+        "--shards=1000000",
+        "--max-steps=1000000",
+        "--max-attempts=100000",
+        "--episode-deadline=1e12",
+        "--no-worker-timeout=inf",
+    ],
+)
+def test_train_flags_beyond_their_maximum_are_refused(
+    flag: str, tasks_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from flows.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--tasks", str(tasks_dir), "--store", str(tmp_path / "store"), flag])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert flag.split("=")[0] in err and not (tmp_path / "store").exists()
