@@ -22,6 +22,7 @@ from pathlib import Path
 from sandboxes import Limits, SandboxPool
 from storage import TrajectoryStore
 from storage.gates import GateSettings, gate_iteration
+from storage.lease import writer_lease
 from training.episode import EpisodeConfig
 from training.errors import TrainingSettingsError
 from training.iteration import (
@@ -108,7 +109,11 @@ def train_locally(
     trainer, first = restore_trainer(store, run_id, seed=seed, resume=resume, policy=spec)
     gate_settings = gate_settings or GateSettings.from_env()
     done: list[IterationSummary] = []
-    with SandboxPool(limits=Limits(), max_idle_per_snapshot=1) as pool:
+    # One writer per store, as for the flow (`storage.lease`).
+    with (
+        writer_lease(store.root, run_id=run_id),
+        SandboxPool(limits=Limits(), max_idle_per_snapshot=1) as pool,
+    ):
         for iteration in range(first, iterations):
             started = time.monotonic()
             batch = rollout_batch(
