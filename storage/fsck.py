@@ -128,6 +128,7 @@ def check_store(
     *,
     full: bool = True,
     in_flight_grace_s: float = IN_FLIGHT_GRACE_S,
+    leftovers: bool = True,
 ) -> CheckReport:
     """Check every table of the local store at `root`: its log loads, the files it references
     exist with their recorded size and (`full`) their Parquet footer reads and holds the recorded
@@ -135,19 +136,21 @@ def check_store(
     their digests. Reads only; see the module docstring for the kinds of problem.
 
     Unreferenced files younger than `in_flight_grace_s` are left alone: a writer that does not
-    take the lease (a library caller) may be about to commit them. Pass 0 when none runs."""
+    take the lease (a library caller) may be about to commit them. Pass 0 when none runs.
+    `leftovers=False` looks only for damage (no log replay, no walk of the table directories):
+    the cheap part `check_before_use` runs."""
     store = _local_root(root)
     state = lease.inspect(store)
     # The lease this process holds (a repair checking under it) is no other writer.
     writer = state.holder if state.held and not lease.held_here(store) else None
     problems: list[Problem] = []
-    if state.exists and not state.held:
+    if leftovers and state.exists and not state.held:
         named = state.holder.describe() if state.holder else "an unnamed holder"
         problems.append(
             Problem("stale_lease", "-", lease.LEASE_FILE, f"left by {named}, which is gone")
         )
     cutoff_s = time.time() - in_flight_grace_s
-    judge_in_flight = writer is None
+    judge_in_flight = writer is None and leftovers
     young = 0
     files_checked = 0
     tables: dict[str, DeltaTable] = {}
@@ -201,7 +204,10 @@ def check_store(
             )
     if judge_in_flight and STEPS.name in tables:
         problems += _uncommitted_steps(tables[STEPS.name], tables.get(EPISODES.name), cutoff_s)
-    problems += _check_blobs(store, tables.get(CHECKPOINTS.name), full, judge_in_flight, cutoff_s)
+    if leftovers:
+        problems += _check_blobs(
+            store, tables.get(CHECKPOINTS.name), full, judge_in_flight, cutoff_s
+        )
     return CheckReport(str(store), tuple(problems), files_checked, writer, young)
 
 
@@ -214,7 +220,7 @@ def check_before_use(root: str | os.PathLike[str]) -> None:
         return
     if not Path(text.removeprefix("file://")).is_dir():
         return
-    report = check_store(text, full=False)
+    report = check_store(text, full=False, leftovers=False)
     damaged = report.damaged
     if damaged:
         more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
