@@ -18,10 +18,12 @@ from storage import TrajectoryStore
 from storage.fsck import check_store
 from storage.lease import LeaseHeldError, inspect, writer_lease
 
-pytestmark = [pytest.mark.adversarial, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.adversarial, pytest.mark.timeout(1200)]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-COMMAND_TIMEOUT_S = 120
+# An outer bound, not an expectation: a `rollyard train` that only gets refused imports the
+# training stack first, which took over two minutes on the shared host at load 18.
+COMMAND_TIMEOUT_S = 300
 
 
 def rollyard(*args: str) -> subprocess.CompletedProcess[str]:
