@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from sandboxes.snapshot import TreeBounds, check_workspace_root, tree_size
-from tasks_lib import generate_demo_tasks, load_task, solution_changes, verify
+from sandboxes.snapshot import TreeBounds, check_tree, check_workspace_root, tree_size
+from tasks_lib import CandidateChanges, generate_demo_tasks, load_task, solution_changes, verify
 from tasks_lib.verify.oracle import apply_changes
 
 
@@ -44,9 +44,11 @@ def main() -> int:
             prepared.append((task, changes, bare_dir))
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
         verify_s: list[float] = []
-        # What the workspace bounds cost on their own: the stat walk and root check each sandbox
-        # open runs before it reads a file (a verification opens one).
+        # What the bounds cost on their own: the stat walk and root check each sandbox open runs
+        # before it reads a file (a verification opens one), and the candidate's path checks.
         checks_s: list[float] = []
+        # The task's own rules, checked when it is loaded (links, special files, bounds).
+        task_checks_s: list[float] = []
         bare_s: list[float] = []
         # The same run without third-party plugins, as the verifier runs it: the fair floor.
         bare_noplug_s: list[float] = []
@@ -56,7 +58,14 @@ def main() -> int:
                 started = time.perf_counter()
                 check_workspace_root(task.snapshot_dir)
                 tree_size(task.snapshot_dir, TreeBounds.of(task.limits))
+                CandidateChanges(
+                    files=changes.files, deleted=changes.deleted, symlinks=changes.symlinks
+                )
                 checks_s.append(time.perf_counter() - started)
+                started = time.perf_counter()
+                check_tree(task.path)
+                check_tree(task.snapshot_dir, TreeBounds.of(task.limits))
+                task_checks_s.append(time.perf_counter() - started)
                 started = time.perf_counter()
                 result = verify(task, changes)
                 verify_s.append(time.perf_counter() - started)
@@ -97,6 +106,10 @@ def main() -> int:
     print(
         f"size checks   p50 {checks_med * 1000:7.2f} ms  p90 {_p90(checks_s) * 1000:7.2f} ms  "
         f"({checks_med / verify_med:.2%} of verify)"
+    )
+    print(
+        f"task checks p50 {statistics.median(task_checks_s) * 1000:7.2f} ms  "
+        f"p90 {_p90(task_checks_s) * 1000:7.2f} ms  (once per task load, not per verify)"
     )
     print(
         f"ratio (p50)   {verify_med / bare_med:.2f}x vs bare, "

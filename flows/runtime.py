@@ -10,6 +10,7 @@ with its home under the store and telemetry off, and exports its URL before any 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
@@ -83,6 +84,17 @@ class LocalPrefectServer:
 
     def start(self, *, timeout_s: float = SERVER_START_TIMEOUT_S) -> str:
         self.home.mkdir(parents=True, exist_ok=True)
+        # A server migrates its SQLite database as it starts; two starting at once on one home
+        # (two commands on one store) raced into "duplicate column name". Starts take turns;
+        # the kernel drops the lock of a starter that dies.
+        with open(self.home / "server-start.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                return self._start(timeout_s)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _start(self, timeout_s: float) -> str:
         prefect = shutil.which("prefect", path=str(Path(sys.executable).parent)) or "prefect"
         env = {**os.environ, **QUIET_ENV, "PREFECT_HOME": str(self.home)}
         env.pop("PREFECT_API_URL", None)

@@ -29,8 +29,10 @@ from prefect.futures import wait as wait_for_futures
 from flows.artifacts import publish_iteration_artifacts
 from flows.errors import FlowSettingsError, GateStoppedRun, NoWorkersError, ShardDeadlineError
 from storage import TrajectoryStore
+from storage.fsck import check_before_use
 from storage.gates import GateReport, GateSettings
 from storage.gates import gate_iteration as run_gate
+from storage.lease import writer_lease
 from training.episode import EpisodeConfig
 from training.iteration import (
     IterationSummary,
@@ -415,6 +417,13 @@ class _Submitted:
 
 @flow(name="train", log_prints=False)
 def train(settings: TrainSettings) -> list[IterationSummary]:
+    # Held already when `run_training` started the flow (then this nests); taken here for a
+    # flow started any other way (a deployment).
+    with writer_lease(settings.store, run_id=settings.run_id):
+        return _train(settings)
+
+
+def _train(settings: TrainSettings) -> list[IterationSummary]:
     logger = get_run_logger()
     # Before any episode and any write: the spec, a trainer for it, a server that answers.
     policy = check_training_policy(settings.policy, trainer_model=settings.trainer_model)
@@ -599,8 +608,14 @@ def run_training(
     # A shard is rescheduled when its worker dies; Dask gives up after `allowed-failures` deaths
     # of the same task (default 3). Shards are idempotent, so allow more before failing a run.
     dask.config.set({"distributed.scheduler.allowed-failures": WORKER_DEATHS_PER_SHARD})
+    preflight(settings)
     runner = dask_task_runner(workers, dask_address)
-    with prefect_api(prefect_home_for(settings.store)):
+    # The lease comes before the Prefect server: its database lives under the store, and two
+    # servers must not initialise it at once.
+    with (
+        writer_lease(settings.store, run_id=settings.run_id),
+        prefect_api(prefect_home_for(settings.store)),
+    ):
         return train.with_options(task_runner=runner)(settings)
 
 
@@ -870,3 +885,11 @@ def _close_interrupted_step(
         wall_s=0.0,
         stale_dropped=committed,
     )
+
+
+def preflight(settings: TrainSettings) -> None:
+    """What refuses a run before anything is written or started: a tasks directory without
+    tasks, and, to resume, a store the cheap store check finds damaged."""
+    task_dirs_in(Path(settings.tasks_dir))
+    if settings.resume:
+        check_before_use(settings.store)

@@ -186,6 +186,16 @@ def tree_size(root: Path, bounds: TreeBounds | None = None) -> TreeSize:
     return _walk(root, bounds or TreeBounds())[1]
 
 
+def check_tree(root: Path, bounds: TreeBounds | None = None) -> TreeSize:
+    """Everything a snapshot of `root` would refuse, found by `stat` and `readlink` alone, without
+    reading or copying a file: the tree's bounds, links leaving it, device files, FIFOs and
+    sockets. Raises `SnapshotError`; returns the tree's size. What task validation runs."""
+    entries, size = _walk(root, bounds or TreeBounds())
+    for relpath, st in entries:
+        _check_entry(root, relpath, st)
+    return size
+
+
 def _entries(root: Path, bounds: TreeBounds | None = None) -> list[tuple[str, os.stat_result]]:
     return _walk(root, bounds or TreeBounds())[0]
 

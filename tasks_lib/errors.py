@@ -5,6 +5,7 @@
     │   ├── TaskNotFoundError           a task path does not exist (exit 3)
     │   ├── TaskValidationError         a task directory breaks the format (exit 2)
     │   ├── CandidateError              a candidate cannot be read as changes (exit 2)
+    │   │   └── CandidateBoundsError    a candidate beyond the verifier's bounds (exit 2)
     │   ├── GenerationError             a source could not produce the tasks asked for (exit 1)
     │   ├── SolutionError               a task's solution/solve.sh is missing or fails (exit 4)
     │   ├── ReportError                 a JUnit report does not parse (exit 1)
@@ -100,6 +101,11 @@ class CandidateError(TaskError, ValueError):
     """A candidate (a directory or an agent's sandbox) cannot be read as changes to a workspace."""
 
     exit_code = EXIT_USAGE
+
+
+class CandidateBoundsError(CandidateError):
+    """A candidate is beyond the verifier's bounds (bytes, files, hostile paths); it is not run,
+    and an agent's such candidate scores as a failed attempt."""
 
 
 class GenerationError(TaskError):

@@ -103,10 +103,9 @@ Verifier = Callable[[Task, Sandbox], Verdict]
 
 def verify_agent_sandbox(task: Task, sandbox: Sandbox) -> Verdict:
     """The default verifier: the agent's changes, replayed in a fresh sandbox by `tasks_lib`."""
-    from tasks_lib.verify import verify
-    from tasks_lib.verify.candidate import CandidateChanges
+    from tasks_lib.verify import verify_sandbox
 
-    return verify(task, CandidateChanges.from_sandbox(sandbox))
+    return verify_sandbox(task, sandbox)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

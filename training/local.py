@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from sandboxes import Limits, SandboxPool
 from storage import TrajectoryStore
 from storage.gates import GateSettings, gate_iteration
+from storage.lease import writer_lease
 from training.episode import EpisodeConfig
 from training.errors import TrainingSettingsError
 from training.iteration import (
@@ -125,7 +126,11 @@ def train_locally(
     )
     gate_settings = gate_settings or GateSettings.from_env()
     done: list[IterationSummary] = []
-    with SandboxPool(limits=Limits(), max_idle_per_snapshot=1) as pool:
+    # One writer per store, as for the flow (`storage.lease`).
+    with (
+        writer_lease(store.root, run_id=run_id),
+        SandboxPool(limits=Limits(), max_idle_per_snapshot=1) as pool,
+    ):
         for iteration in range(first, iterations):
             started = time.monotonic()
             batch = rollout_batch(

@@ -99,6 +99,10 @@ class FaultPlan:
         return None
 
 
+_KILLED_COMMAND_S = 30
+"""How long the command a `sandbox_kill` fault kills would run (it never gets that far)."""
+
+
 class FaultySandbox(Sandbox):
     """A real sandbox with one fault injected into its `fault_at_command`-th command."""
 
@@ -136,17 +140,16 @@ class FaultySandbox(Sandbox):
                 self._marker.touch()
             os.kill(os.getpid(), signal.SIGKILL)  # the whole worker process, as a lost machine
         if self.fault == "sandbox_kill":
-            killer = threading.Timer(0.05, self._kill_inner)
+            stop = threading.Event()
+            killer = threading.Thread(target=self._kill_inner_when_running, args=(stop,))
             killer.start()
             crashed = "every process of the sandbox was SIGKILLed mid-command"
             try:
-                self.inner.execute("sleep 30", timeout_s=10)
+                self.inner.execute(f"sleep {_KILLED_COMMAND_S}", timeout_s=10)
             except SandboxError as error:
-                # On a loaded host the kill can land before the command started, and the
-                # backend reports a failed start: the same crash.
                 raise SandboxCrashedError(crashed) from error
             finally:
-                killer.cancel()
+                stop.set()
                 killer.join()  # the kill must be over before the pool closes the sandbox
             raise SandboxCrashedError(crashed)
         if self.fault == "hang":
@@ -161,10 +164,27 @@ class FaultySandbox(Sandbox):
             f"the sandbox was OOM-killed by its memory limit (oom_killed={result.oom_killed})"
         )
 
-    def _kill_inner(self) -> None:
+    def _kill_inner_when_running(self, stop: threading.Event) -> None:
+        """Kill every process of the sandbox once its command runs, or never if it ends first.
+
+        The kill waits for the command itself (a `sleep` in the sandbox's cgroup) rather than
+        for a fixed delay: on a loaded host a delay lands anywhere, before the command joined
+        the cgroup (killing nothing, so the command runs to its timeout) or while the backend
+        starts or tears it down (racing the backend's own kill of the group)."""
         cgroup = getattr(self.inner, "_cgroup", None)
-        if cgroup is not None:
-            cgroup.kill_all()
+        if cgroup is None:
+            return
+        marker = f"sleep {_KILLED_COMMAND_S}".encode()
+        while not stop.is_set():
+            for pid in cgroup.pids():
+                try:
+                    command_line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+                except OSError:
+                    continue
+                if command_line.strip() == marker:
+                    cgroup.kill_all()
+                    return
+            stop.wait(0.005)
 
     def read_file(self, path: str) -> bytes:
         return self.inner.read_file(path)

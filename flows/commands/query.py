@@ -39,6 +39,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from storage import NAMED_QUERIES, StoreError, TrajectoryStore
+    from storage.fsck import check_before_use
 
     if args.list_named:
         for name, query in sorted(NAMED_QUERIES.items()):
@@ -48,12 +49,13 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("give either SQL or --named NAME (see --list-named)", EXIT_USAGE)
     try:
         store = TrajectoryStore(args.store, create=False)
+        check_before_use(store.root)
         if args.named:
             table = store.named(args.named)
         else:
             table = store.query(args.sql, allow_writes_to=args.allow_writes_to)
     except StoreError as error:
-        raise CliError(str(error)) from error
+        raise CliError(str(error), error.exit_code) from error
     printer = ResultPrinter(args.format, columns=table.column_names)
     # Rows in batches: a large result never sits in memory twice as Python objects.
     for batch in table.to_batches(max_chunksize=10_000):

@@ -31,13 +31,15 @@ def register(subparsers: Any) -> None:
 
 def report_command(args: argparse.Namespace) -> int:
     from storage import StoreError, TrajectoryStore
+    from storage.fsck import check_before_use
     from storage.report import write_report
 
     try:
         store = TrajectoryStore(args.store, create=False)
+        check_before_use(store.root)
         out = Path(args.out) if args.out else Path(store.root) / "report.html"
         path = write_report(store, out, run_id=args.run_id, title=args.title)
     except StoreError as error:
-        raise CliError(str(error)) from error
+        raise CliError(str(error), error.exit_code) from error
     emit({"report": str(path)})
     return 0

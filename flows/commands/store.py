@@ -1,15 +1,17 @@
-"""`rollyard store`: maintenance of a trajectory store (`compact`, `vacuum`) and a DuckDB database
-file over it for other DuckDB clients (`duckdb-file`)."""
+"""`rollyard store`: maintenance of a trajectory store (`compact`, `vacuum`), its fsck (`check`,
+`repair`) and a DuckDB database file over it for other DuckDB clients (`duckdb-file`)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from datetime import timedelta
 from typing import Any
 
-from flows.cli import add_store_option, non_negative_int, positive_float
+from flows.cli import add_store_option, int_between, non_negative_int, positive_float
 from flows.errors import CliError
 from flows.output import add_format_option, emit, note
+from rollyard.errors import EXIT_DAMAGED, EXIT_USAGE
 
 
 def register(subparsers: Any) -> None:
@@ -67,6 +69,38 @@ def register(subparsers: Any) -> None:
     add_format_option(vacuum)
     vacuum.set_defaults(handler=vacuum_command)
 
+    check = commands.add_parser(
+        "check",
+        help="find what a crash or a damaged disk left in the store (exit 4 when anything)",
+        description=(
+            "Read every table's log and check the files it references (present, of the "
+            "recorded size, a Parquet footer that reads and holds the recorded rows), data files "
+            "no commit references, steps of shards never committed, checkpoint blobs and a "
+            "stale writer lease. Prints one line per problem and what repair does about it; "
+            "exits 4 when it found any. Reads only."
+        ),
+    )
+    add_store_option(check)
+    _grace_option(check)
+    check.set_defaults(handler=check_command)
+
+    repair = commands.add_parser(
+        "repair",
+        help="fix what `store check` finds: quarantine damaged and orphan files, drop stale leases",
+        description=(
+            "Run the check, show what will be done and, once confirmed, remove damaged and "
+            "uncommitted files from their tables (a Delta remove action), move them and every "
+            "orphan file into quarantine/<time>/ under the store (nothing is deleted) and remove "
+            "a stale writer lease. Holds the writer lease meanwhile: refused while a run writes."
+        ),
+    )
+    add_store_option(repair)
+    repair.add_argument(
+        "--yes", action="store_true", help="do not ask for confirmation (default: ask)"
+    )
+    _grace_option(repair)
+    repair.set_defaults(handler=repair_command)
+
     database = commands.add_parser(
         "duckdb-file",
         help="write a DuckDB database file with views over the store, for any DuckDB client",
@@ -103,7 +137,7 @@ def duckdb_file_command(args: argparse.Namespace) -> int:
         store = TrajectoryStore(args.store, create=False)
         copied = store.write_duckdb_file(args.out)
     except StoreError as error:
-        raise CliError(str(error)) from error
+        raise CliError(str(error), error.exit_code) from error
     installed = None
     if args.install_delta:
         with duckdb.connect() as con:
@@ -131,7 +165,7 @@ def vacuum_command(args: argparse.Namespace) -> int:
             uncommitted_older_than=older_than, retention_hours=args.retention_hours
         )
     except StoreError as error:
-        raise CliError(str(error)) from error
+        raise CliError(str(error), error.exit_code) from error
     emit(
         {
             "completed_shards": len(result.completed_shards),
@@ -150,7 +184,7 @@ def compact_command(args: argparse.Namespace) -> int:
         store = TrajectoryStore(args.store, create=False)
         result = store.compact(run_id=args.run_id, iteration=args.iteration)
     except StoreError as error:
-        raise CliError(str(error)) from error
+        raise CliError(str(error), error.exit_code) from error
     emit(
         {
             "partitions": len(result.partitions),
@@ -160,3 +194,82 @@ def compact_command(args: argparse.Namespace) -> int:
         }
     )
     return 0
+
+
+MAX_GRACE_S = 7 * 24 * 3600
+
+
+def _grace_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--grace-s",
+        type=int_between(0, MAX_GRACE_S),
+        default=900,
+        metavar="SECONDS",
+        help=(
+            "leave alone unreferenced files younger than this: a writer that does not take the "
+            f"store's lease may still commit them (default 900, at most {MAX_GRACE_S}; 0 when "
+            "you know no writer runs)"
+        ),
+    )
+
+
+def check_command(args: argparse.Namespace) -> int:
+    from storage import StoreError
+    from storage.fsck import check_store
+
+    try:
+        report = check_store(args.store, in_flight_grace_s=args.grace_s)
+    except StoreError as error:
+        raise CliError(str(error), error.exit_code) from error
+    for problem in report.problems:
+        print(problem.line())
+    if report.writer is not None:
+        print(
+            f"a writer is active ({report.writer.describe()}): its files in flight were not "
+            "judged; check again once it is done"
+        )
+    if report.left_alone:
+        print(f"{report.left_alone} unreferenced file(s) too recent to judge were left alone")
+    if report.ok:
+        print(f"{report.root}: no problems in {report.files_checked} data file(s)")
+        return 0
+    print(
+        f"{report.root}: {len(report.problems)} problem(s) in {report.files_checked} data "
+        f"file(s); run `rollyard store repair --store {args.store}` to fix what can be fixed"
+    )
+    return EXIT_DAMAGED
+
+
+def repair_command(args: argparse.Namespace) -> int:
+    from storage import StoreError
+    from storage.fsck import REPAIRABLE_KINDS, check_store, repair_store
+
+    try:
+        planned = check_store(args.store, in_flight_grace_s=args.grace_s)
+        fixable = [p for p in planned.problems if p.kind in REPAIRABLE_KINDS]
+        if not fixable:
+            for problem in planned.problems:
+                print(problem.line())
+            print(f"{planned.root}: nothing repair can fix")
+            return 0 if planned.ok else EXIT_DAMAGED
+        for problem in fixable:
+            print(problem.line())
+        if not args.yes:
+            if not sys.stdin.isatty():
+                raise CliError(
+                    "store repair changes the store's tables: confirm with --yes when not "
+                    "running at a terminal",
+                    EXIT_USAGE,
+                )
+            answer = input(f"repair these {len(fixable)} problem(s)? [y/N] ")
+            if answer.strip().lower() not in ("y", "yes"):
+                print("nothing changed")
+                return EXIT_DAMAGED
+        result = repair_store(args.store, in_flight_grace_s=args.grace_s)
+    except StoreError as error:
+        raise CliError(str(error), error.exit_code) from error
+    moved = f"; files moved to {result.quarantine}" if result.quarantine else ""
+    print(f"repaired {len(result.fixed)} problem(s){moved}")
+    for problem in result.after.problems:
+        print(problem.line())
+    return 0 if result.after.ok else EXIT_DAMAGED

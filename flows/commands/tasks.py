@@ -122,7 +122,11 @@ def checkout_command(args: argparse.Namespace) -> int:
 
 
 def _declared_id(path: Path) -> str:
+    from tasks_lib.format.loader import MAX_TASK_TOML_BYTES
+
     try:
+        if (path / "task.toml").stat().st_size > MAX_TASK_TOML_BYTES:
+            return path.name  # validation names the oversized file
         doc = tomllib.loads((path / "task.toml").read_text(encoding="utf-8"))
         table = doc.get("metadata", {}).get("rollyard") or doc.get("rollyard", {})
         task_id = table.get("id")
@@ -186,11 +190,17 @@ def check_command(args: argparse.Namespace) -> int:
 
 
 def verify_command(args: argparse.Namespace) -> int:
+    from sandboxes.snapshot import TreeBounds
     from tasks_lib import CandidateChanges, TaskError, verify
+    from tasks_lib.verify.candidate import CandidateBounds
 
     task = _load(args.task)
     try:
-        candidate = CandidateChanges.from_directory(args.candidate, task.snapshot_dir)
+        # The candidate directory is a whole workspace: the task's own workspace bounds.
+        bounds = CandidateBounds(tree=TreeBounds.of(task.limits))
+        candidate = CandidateChanges.from_directory(
+            args.candidate, task.snapshot_dir, bounds=bounds
+        )
     except (TaskError, OSError) as error:
         raise CliError(str(error), EXIT_USAGE) from error
     result = verify(task, candidate)

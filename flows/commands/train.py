@@ -9,7 +9,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from flows.cli import add_store_option, positive_float, positive_int
+from flows.cli import (
+    add_store_option,
+    int_between,
+    positive_float_up_to,
+)
 from flows.commands.policy_options import add_policy_options
 from flows.errors import CliError
 from rollyard.errors import EXIT_USAGE
@@ -19,6 +23,27 @@ DEMO_DIFFICULTY = {"easy": 1.0}
 """The demo's tasks: one-bug tasks an untrained policy fixes now and then within its few
 trials, so GRPO groups differ from the first iteration (see
 `tasks_lib.sources.families.demo.generate.DIFFICULTY_LEVELS`; `benchmarks/README.md` § Learning)."""
+
+
+# The most each numeric flag accepts: past these a run is a typo or an attack on the host (a
+# LocalCluster of 100,000 worker processes), not a bigger job.
+MAX_ITERATIONS = 100_000
+MAX_GROUP_SIZE = 1_024
+MAX_TASKS_PER_ITERATION = 100_000
+MAX_SHARDS = 10_000
+MAX_STEPS = 10_000
+MAX_WORKERS = 256
+MAX_POLICY_LAG = 64
+MAX_ATTEMPTS = 100
+MAX_SECONDS = 7 * 24 * 3600.0
+
+
+def _count(maximum: int) -> Any:
+    return int_between(1, maximum)
+
+
+def _most(maximum: float) -> str:
+    return f"at most {maximum:,.0f}"
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -35,8 +60,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     # sized for a few minutes on 2 cores: 8 iterations x 8 tasks x 4 samples, 6 steps each (the
     # size `benchmarks/learning.py` measures the learning target at)
     _common_train_options(demo, iterations=8, group_size=4, tasks_per_iteration=8, max_steps=6)
-    demo.add_argument("--task-count", type=positive_int, default=DEMO_TASK_COUNT,
-                      help="demo tasks to generate")  # fmt: skip
+    demo.add_argument(
+        "--task-count",
+        type=_count(MAX_TASKS_PER_ITERATION),
+        default=DEMO_TASK_COUNT,
+        help=f"demo tasks to generate ({_most(MAX_TASKS_PER_ITERATION)})",
+    )
     demo.set_defaults(handler=demo_command)
 
 
@@ -56,21 +85,42 @@ def _common_train_options(
         help="openai: policies only: the served model's weights on this machine; the trainer "
         "trains a LoRA adapter on them and loads each new one into the server",
     )
-    parser.add_argument("--iterations", type=positive_int, default=iterations,
-                        help="training iterations to run")  # fmt: skip
-    parser.add_argument("--group-size", type=positive_int, default=group_size,
-                        help="episodes per task in an iteration (a GRPO group)")  # fmt: skip
-    parser.add_argument("--tasks-per-iteration", type=positive_int, default=tasks_per_iteration,
-                        help="tasks sampled per iteration")  # fmt: skip
+    parser.add_argument(
+        "--iterations",
+        type=_count(MAX_ITERATIONS),
+        default=iterations,
+        help=f"training iterations to run ({_most(MAX_ITERATIONS)})",
+    )
+    parser.add_argument(
+        "--group-size",
+        type=_count(MAX_GROUP_SIZE),
+        default=group_size,
+        help=f"episodes per task in an iteration, a GRPO group ({_most(MAX_GROUP_SIZE)})",
+    )
+    parser.add_argument(
+        "--tasks-per-iteration",
+        type=_count(MAX_TASKS_PER_ITERATION),
+        default=tasks_per_iteration,
+        help=f"tasks sampled per iteration ({_most(MAX_TASKS_PER_ITERATION)})",
+    )
     parser.add_argument(
         "--shards",
-        type=positive_int,
+        type=_count(MAX_SHARDS),
         default=4,
-        help="Prefect tasks (episode shards) per iteration",
+        help=f"Prefect tasks (episode shards) per iteration ({_most(MAX_SHARDS)})",
     )
-    parser.add_argument("--max-steps", type=positive_int, default=max_steps,
-                        help="actions per episode at most")  # fmt: skip
-    parser.add_argument("--workers", type=positive_int, default=2, help="Dask worker processes")
+    parser.add_argument(
+        "--max-steps",
+        type=_count(MAX_STEPS),
+        default=max_steps,
+        help=f"actions per episode at most ({_most(MAX_STEPS)})",
+    )
+    parser.add_argument(
+        "--workers",
+        type=_count(MAX_WORKERS),
+        default=2,
+        help=f"Dask worker processes ({_most(MAX_WORKERS)})",
+    )
     parser.add_argument("--dask-address", default=None, help="a running Dask scheduler")
     parser.add_argument("--seed", type=int, default=0, help="seed of task sampling and the policy")
     parser.add_argument("--run-id", default=None, help="default: run-<seed>")
@@ -84,15 +134,17 @@ def _common_train_options(
     )
     parser.add_argument(
         "--max-policy-lag",
-        type=positive_int,
+        type=_count(MAX_POLICY_LAG),
         default=1,
-        help="async, streaming: updates an episode's policy may lag behind the trainer",
+        help=f"async, streaming: updates an episode's policy may lag behind the trainer "
+        f"({_most(MAX_POLICY_LAG)})",
     )
     parser.add_argument(
         "--max-attempts",
-        type=positive_int,
+        type=_count(MAX_ATTEMPTS),
         default=3,
-        help="attempts per episode after infra failures (sandbox crash, hang, host OOM)",
+        help="attempts per episode after infra failures (sandbox crash, hang, host OOM; "
+        f"{_most(MAX_ATTEMPTS)})",
     )
     parser.add_argument(
         "--recovery-mode",
@@ -108,18 +160,19 @@ def _common_train_options(
     )
     parser.add_argument(
         "--no-worker-timeout",
-        type=positive_float,
+        type=positive_float_up_to(MAX_SECONDS),
         default=120.0,
         metavar="SECONDS",
-        help="fail the run after the Dask cluster has had no worker this long (default 120)",
+        help="fail the run after the Dask cluster has had no worker this long (default 120, "
+        f"{_most(MAX_SECONDS)})",
     )
     parser.add_argument(
         "--episode-deadline",
-        type=positive_float,
+        type=positive_float_up_to(MAX_SECONDS),
         default=900.0,
         metavar="SECONDS",
         help="a shard running longer than this per episode is hung: its Dask worker is "
-        "restarted and the shard runs again elsewhere (default 900)",
+        f"restarted and the shard runs again elsewhere (default 900, {_most(MAX_SECONDS)})",
     )
     parser.add_argument(
         "--schedule",
@@ -259,10 +312,16 @@ def train_command(args: argparse.Namespace) -> int:
     _check_policy(args)
     _print_refused(tasks_dir)
     settings = _settings(args, tasks_dir)
-    try:
-        summaries = _run_with_progress(settings, args)
-    except ValueError as error:
-        raise CliError(str(error), EXIT_USAGE) from error
+    from flows.train import preflight
+    from storage.lease import writer_lease
+
+    # Both before the progress display: a refusal is one line. The flow nests in this lease.
+    preflight(settings)
+    with writer_lease(settings.store, run_id=settings.run_id):
+        try:
+            summaries = _run_with_progress(settings, args)
+        except ValueError as error:
+            raise CliError(str(error), EXIT_USAGE) from error
     _print_summary(summaries)
     return 0
 
@@ -279,11 +338,19 @@ def _print_refused(tasks_dir: Path) -> None:
 
 
 def demo_command(args: argparse.Namespace) -> int:
+    from storage.lease import writer_lease
+
+    _check_policy(args)
+    # Before the demo writes its tasks into the store: one writer at a time.
+    with writer_lease(args.store, run_id=args.run_id or f"run-{args.seed}"):
+        return _demo(args)
+
+
+def _demo(args: argparse.Namespace) -> int:
     from storage import TrajectoryStore
     from tasks_lib import generate_demo_tasks
     from tasks_lib.format import tasks_in
 
-    _check_policy(args)
     store_root = Path(args.store)
     tasks_dir = store_root / "demo-tasks"
     if not tasks_in(tasks_dir):

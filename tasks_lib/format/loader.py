@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from sandboxes import Limits
+from sandboxes.errors import SnapshotError
+from sandboxes.snapshot import TreeBounds, check_tree
 from tasks_lib.errors import (
     TaskNotFoundError,
     TaskRefusedError,
@@ -50,6 +52,10 @@ from tasks_lib.format.spec import parse_artifact, parse_rules
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 TEST_ID_PATTERN = re.compile(r"^(?P<file>[^:\s][^:]*\.py)(?P<rest>(?:::[^:]+)+)$")
+
+MAX_INSTRUCTION_BYTES = 256 << 10
+"""Largest instruction.md: a prompt, not a data file (the agent reads data from the workspace)."""
+MAX_TASK_TOML_BYTES = 1 << 20
 
 LIMIT_FIELDS = tuple(field.name for field in dataclasses.fields(Limits))
 ROLLYARD_FIELDS = {
@@ -356,17 +362,28 @@ def _harbor_layout(check: _Checker, root: Path) -> tuple[str, dict[str, Any]]:
     instruction_path = root / "instruction.md"
     if not instruction_path.is_file():
         check.add("instruction.md", "-", _MISSING, "is missing", "write the task prompt there")
-    else:
-        instruction = instruction_path.read_text(encoding="utf-8", errors="replace")
-        if not instruction.strip():
-            check.add("instruction.md", "-", "", "is empty", "write the task prompt there")
+    elif _small_enough(check, instruction_path, "instruction.md", MAX_INSTRUCTION_BYTES):
+        data = instruction_path.read_bytes()
+        try:
+            instruction = data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            check.add(
+                "instruction.md",
+                "-",
+                "-",
+                f"is not UTF-8 (byte {error.start} cannot be decoded)",
+                "save the prompt as UTF-8",
+            )
+        else:
+            if not instruction.strip():
+                check.add("instruction.md", "-", "", "is empty", "write the task prompt there")
     doc: dict[str, Any] = {}
     toml_path = root / "task.toml"
     if not toml_path.is_file():
         check.add(
             "task.toml", "-", _MISSING, "is missing", 'create it with at least version = "1.0"'
         )
-    else:
+    elif _small_enough(check, toml_path, "task.toml", MAX_TASK_TOML_BYTES):
         try:
             doc = tomllib.loads(toml_path.read_text(encoding="utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
@@ -399,6 +416,42 @@ def _harbor_layout(check: _Checker, root: Path) -> tuple[str, dict[str, Any]]:
             "add a script that runs the tests and writes /logs/verifier/reward.txt",
         )
     return instruction, doc
+
+
+def _small_enough(check: _Checker, path: Path, name: str, max_bytes: int) -> bool:
+    """Whether `path` is within `max_bytes` (by `stat`, before it is read); an issue if not."""
+    size = path.stat().st_size
+    if size > max_bytes:
+        check.add(
+            name,
+            "-",
+            f"{size} bytes",
+            f"is larger than {max_bytes} bytes",
+            "keep it short: data the agent needs belongs in the workspace",
+        )
+        return False
+    return True
+
+
+def _bounded_tree(check: _Checker, root: Path, workspace: Path, limits: Limits) -> None:
+    """What the sandbox would refuse later, found now by `stat` alone: the workspace within its
+    limits, with links only inside it; the whole task directory (twice the workspace's bounds:
+    environment/ often holds a copy of it) with links only inside the task, and no device files,
+    FIFOs or sockets anywhere."""
+    workspace_bounds = TreeBounds.of(limits)
+    task_bounds = dataclasses.replace(
+        workspace_bounds,
+        max_bytes=2 * workspace_bounds.max_bytes,
+        max_entries=2 * workspace_bounds.max_entries,
+    )
+    for tree, bounds in ((root, task_bounds), (workspace, workspace_bounds)):
+        try:
+            check_tree(tree, bounds)
+        except SnapshotError as error:
+            message, _, fix = str(error).partition("; ")
+            shown = tree.relative_to(root).as_posix() + "/" if tree != root else "./"
+            check.add(shown, "-", "-", message.split(": ", 1)[-1], fix or "fix the file named")
+            return  # one finding per task is enough to act on; the rest follows the fix
 
 
 def _workspace(check: _Checker, root: Path, rollyard: dict[str, Any]) -> Path:
@@ -620,6 +673,8 @@ def _load(root: Path) -> Task:
             f"use one of {', '.join(DIFFICULTIES)}",
         )
     limits, agent_timeout_s, verify_timeout_s = _limits(check, doc, rollyard, harbor)
+    if workspace_ok and not check.issues:
+        _bounded_tree(check, root, workspace, limits)
     family = _string(check, rollyard, "family", "harbor")
     source = _string(check, rollyard, "source", str(root.name))
 

@@ -17,7 +17,7 @@ from tasks_lib.verify.context import SCORED_STATUSES, Status, VerifyResult, Veri
 from tasks_lib.verify.guard import RULES, Flag, GuardPolicy
 from tasks_lib.verify.oracle import CheckResult, check_task, checkout, solution_changes
 from tasks_lib.verify.pytest import PytestRun, run_pytest, run_task_tests
-from tasks_lib.verify.run import VERIFIERS, verify
+from tasks_lib.verify.run import VERIFIERS, rejected_candidate, verify, verify_sandbox
 
 __all__ = [
     "RULES",
@@ -33,8 +33,10 @@ __all__ = [
     "VerifyRun",
     "check_task",
     "checkout",
+    "rejected_candidate",
     "run_pytest",
     "run_task_tests",
     "solution_changes",
     "verify",
+    "verify_sandbox",
 ]

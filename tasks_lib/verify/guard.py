@@ -61,6 +61,10 @@ RULES: dict[str, tuple[Severity, str]] = {
     "verifier_path": ("tamper", "files under the verifier's own directory"),
     "protected_path": ("tamper", "a path protected by the task"),
     "symlink": ("suspicious", "a symbolic link (never applied)"),
+    "oversized_candidate": (
+        "tamper",
+        "a candidate beyond the verifier's bounds (bytes, file count, hostile paths): not run",
+    ),
     "symlink_escape": ("tamper", "a link that leaves the workspace or points at a protected path"),
     "shadow_module": ("tamper", "a new top-level module named like a stdlib or test-runner module"),
     "early_exit": ("tamper", "sys.exit / os._exit / atexit / kill added in source"),

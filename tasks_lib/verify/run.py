@@ -10,15 +10,17 @@ alone controls, and a sandbox or task failure becomes a status, never a reward o
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from rollyard.status import EpisodeStatus
-from sandboxes import SandboxError
+from sandboxes import Sandbox, SandboxError
+from tasks_lib.errors import CandidateBoundsError
 from tasks_lib.format.model import Task, VerifierKind
 from tasks_lib.verify.artifact import verify_artifacts
 from tasks_lib.verify.candidate import CandidateChanges
 from tasks_lib.verify.context import VerifyResult, VerifyRun
-from tasks_lib.verify.guard import GuardPolicy
+from tasks_lib.verify.guard import RULES, Flag, GuardPolicy
 from tasks_lib.verify.harbor import verify_harbor_script
 from tasks_lib.verify.pytest import verify_tests
 from tasks_lib.verify.rules import verify_rules
@@ -53,3 +55,32 @@ def verify(
         )
     except OSError as error:
         return run.result(EpisodeStatus.TASK_ERROR, None, {}, f"cannot read task files: {error}")
+
+
+def verify_sandbox(
+    task: Task, sandbox: Sandbox, *, policy: GuardPolicy | None = None, backend: str = "bwrap"
+) -> VerifyResult:
+    """Score what an agent left in `sandbox`. A candidate beyond the verifier's bounds (too
+    many bytes or files, a hostile path) is not run: it scores 0 with an `oversized_candidate`
+    flag, an attempt that failed, not a verifier that broke."""
+    started = time.monotonic()
+    try:
+        candidate = CandidateChanges.from_sandbox(sandbox)
+    except CandidateBoundsError as error:
+        return rejected_candidate(task, str(error), duration_s=time.monotonic() - started)
+    return verify(task, candidate, policy=policy, backend=backend)
+
+
+def rejected_candidate(task: Task, reason: str, *, duration_s: float = 0.0) -> VerifyResult:
+    """The verdict on a candidate refused before it ran: reward 0, every expected test missing."""
+    return VerifyResult(
+        task_id=task.id,
+        task_version=task.version,
+        status=EpisodeStatus.OK,
+        reward=0.0,
+        partial_credit=0.0,
+        tests=dict.fromkeys(task.expected_tests, "missing"),
+        flags=(Flag("oversized_candidate", RULES["oversized_candidate"][0], "", reason),),
+        detail=reason,
+        duration_s=duration_s,
+    )

@@ -49,3 +49,32 @@ def test_a_killed_starter_takes_its_prefect_server_down(tmp_path: Path) -> None:
     while _healthy(api_url) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not _healthy(api_url), "the Prefect server outlived the process that started it"
+
+
+@pytest.mark.slow
+def test_two_servers_starting_on_one_home_take_turns(tmp_path: Path) -> None:
+    # Two commands on one store start a server each on the same database: started together,
+    # their migrations raced ("duplicate column name"); now both come up.
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    starters = [
+        subprocess.Popen(
+            [sys.executable, "-c", STARTER, str(tmp_path / "prefect")],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    try:
+        urls = []
+        for starter in starters:
+            assert starter.stdout is not None
+            urls.append(starter.stdout.readline().strip())
+        assert all(url.startswith("http://127.0.0.1:") and _healthy(url) for url in urls), [
+            (url, starter.poll()) for url, starter in zip(urls, starters, strict=True)
+        ]
+    finally:
+        for starter in starters:
+            starter.send_signal(signal.SIGKILL)
+            starter.wait(timeout=30)

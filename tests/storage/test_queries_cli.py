@@ -95,7 +95,8 @@ def test_cli_errors_are_one_line(
 def test_cli_missing_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["query", "--store", str(tmp_path / "absent"), "SELECT 1"])
     err = capsys.readouterr().err
-    assert code == 1 and "absent: no store here" in err and len(err.strip().splitlines()) == 1
+    # exit 3: something rollyard needs is missing (rollyard.errors)
+    assert code == 3 and "absent: no store here" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "absent").exists()
 
 
@@ -106,4 +107,5 @@ def test_cli_names_a_corrupt_file(
     data_file.write_bytes(b"garbage")
     code = main(["query", "--store", store.root, "SELECT count(*) FROM steps"])
     err = capsys.readouterr().err
-    assert code == 1 and data_file.name in err and len(err.strip().splitlines()) == 1
+    # exit 4: the store is damaged; the cheap store check names the file before DuckDB reads it
+    assert code == 4 and data_file.name in err and len(err.strip().splitlines()) == 1

@@ -63,7 +63,7 @@ def test_report_cli_writes_a_self_contained_page(small_store: Path, tmp_path: Pa
 def test_report_of_a_missing_store_is_a_one_line_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["report", "--store", str(tmp_path / "nowhere")]) == 1
+    assert main(["report", "--store", str(tmp_path / "nowhere")]) == 3
     assert "no store here" in capsys.readouterr().err
 
 
