@@ -5,7 +5,6 @@ screenshots are the README's ("Where to look"): `pytest --screenshots docs/image
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 
@@ -81,7 +80,6 @@ def test_the_dask_dashboard_shows_the_clusters_workers(
         # Bokeh renders the worker table from the scheduler's websocket feed
         browser.wait_for_text(*(address.rsplit(":", 1)[1] for address in workers))
 
-        stop = threading.Event()
         futures = client.map(busy, [0.2] * 400, pure=False)
         try:
             browser.open(link)
@@ -89,7 +87,6 @@ def test_the_dask_dashboard_shows_the_clusters_workers(
             time.sleep(3)  # let the task stream and progress bars fill
             shot = browser.screenshot(screenshots / "dask-dashboard.png")
         finally:
-            stop.set()
             client.cancel(futures)
     assert colours_in(shot) > 50
 
