@@ -42,6 +42,7 @@ COMMAND_MODULES = (
     "flows.commands.export",
     "flows.commands.curate",
     "flows.commands.serve",
+    "flows.commands.server",
     "flows.commands.report",
     "flows.commands.review",
     "flows.commands.completion",

@@ -1,16 +1,20 @@
-"""Embedded defaults for running flows on one machine: a local Prefect API server that rollyard
-starts, shares with its Dask workers and stops, and the Dask task runner.
+"""Embedded defaults for running flows on one machine: a local Prefect server (API and UI) that
+rollyard starts, shares with its Dask workers and stops, or finds running; the Dask task runner.
 
 Prefect's *ephemeral* API breaks under the Dask task runner (every worker process starts its own
 temporary server on the same SQLite file) and cannot run scheduled deployments, so when no
-`PREFECT_API_URL` is configured rollyard runs one `prefect server start` on a free loopback port,
-with its home under the store and telemetry off, and exports its URL before any worker starts.
+`PREFECT_API_URL` is configured rollyard uses the long-lived server of `rollyard server start`
+when one runs for the store, else runs one `prefect server start` itself on Prefect's default
+port 4200 (or the next free one), with its home under the store and telemetry off, and exports
+its URL before any worker starts. Either way it prints where the UI is, once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
+import json
 import os
 import shutil
 import signal
@@ -32,7 +36,8 @@ QUIET_ENV = {
     "DASK_LOGGING__DISTRIBUTED": "warning",
     "PREFECT_LOGGING_LOGGERS_DISTRIBUTED_LEVEL": "WARNING",
 }
-SERVER_START_TIMEOUT_S = 120.0
+# A first start (database migrations) has taken over 2 minutes on a busy 2-core machine.
+SERVER_START_TIMEOUT_S = 300.0
 
 
 def quiet_environment() -> None:
@@ -57,10 +62,32 @@ _DIE_WITH_PARENT = (
 )
 
 
-def _free_port() -> int:
+PREFECT_DEFAULT_PORT = 4200
+"""Prefect's own default port: the embedded server takes it, or the next free one above it."""
+PORT_SEARCH_SPAN = 100
+SERVER_STATE_FILE = "server.json"
+"""Written by `rollyard server start` into the Prefect home: how other shells find the server."""
+
+
+def _port_is_free(port: int) -> bool:
     with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def stable_port(first: int = PREFECT_DEFAULT_PORT) -> int:
+    """The first free loopback port from `first` upward, so the UI's address stays the same
+    from run to run while nothing else holds it."""
+    for port in range(first, first + PORT_SEARCH_SPAN):
+        if _port_is_free(port):
+            return port
+    raise PrefectServerError(
+        f"no free port in {first}-{first + PORT_SEARCH_SPAN - 1} for the Prefect server; "
+        "free one, or set PREFECT_API_URL to a running server"
+    )
 
 
 def _healthy(api_url: str) -> bool:
@@ -71,18 +98,61 @@ def _healthy(api_url: str) -> bool:
         return False
 
 
-class LocalPrefectServer:
-    """A `prefect server start` child process on loopback, its database under `home`."""
+def _serves_home(api_url: str, home: Path) -> bool:
+    """Is the server at `api_url` the one whose database lives in `home`? Another process may
+    have taken the same port between the probe and the bind; its server answers /health too."""
+    try:
+        with urllib.request.urlopen(f"{api_url}/admin/settings", timeout=5) as response:
+            served = json.load(response).get("home")
+    except (OSError, ValueError):
+        return False
+    return served is not None and Path(served).resolve() == home.resolve()
 
-    def __init__(self, home: Path, *, port: int | None = None, host: str = "127.0.0.1") -> None:
-        self.home = Path(home)
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServerState:
+    """A running local Prefect server: where its API and UI are, and its process."""
+
+    api_url: str
+    ui_url: str
+    pid: int
+    home: str
+
+
+class LocalPrefectServer:
+    """A `prefect server start` child process on loopback serving the API and the UI, its
+    database under `home`. `port=None` takes Prefect's default port or the next free one.
+
+    An attached server (the default) dies with the thread that started it; a detached one
+    (`rollyard server start`) outlives it and is found through `SERVER_STATE_FILE`."""
+
+    def __init__(
+        self,
+        home: Path,
+        *,
+        port: int | None = None,
+        detached: bool = False,
+        host: str = "127.0.0.1",
+    ) -> None:
+        self.home = Path(home).absolute()
         self.host = host
         """The address it listens on: loopback, or one that workers on other hosts reach."""
-        self.port = port or _free_port()
-        self.api_url = f"http://{host}:{self.port}/api"
+        self._requested_port = port
+        self.port = port or stable_port()
+        self.detached = detached
         self._process: subprocess.Popen[bytes] | None = None
 
+    @property
+    def api_url(self) -> str:
+        return f"http://{self.host}:{self.port}/api"
+
+    @property
+    def ui_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
     def start(self, *, timeout_s: float = SERVER_START_TIMEOUT_S) -> str:
+        """Start the server and wait until it answers (at most `timeout_s` per port tried);
+        returns the API URL."""
         self.home.mkdir(parents=True, exist_ok=True)
         # A server migrates its SQLite database as it starts; two starting at once on one home
         # (two commands on one store) raced into "duplicate column name". Starts take turns;
@@ -95,13 +165,27 @@ class LocalPrefectServer:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def _start(self, timeout_s: float) -> str:
+        # Between the free-port probe and the server's bind another process may take the port:
+        # then this server exits (or another one answers), and the next port is tried.
+        for _ in range(PORT_SEARCH_SPAN if self._requested_port is None else 1):
+            if self._launch_and_wait(timeout_s):
+                return self.api_url
+            self.port = stable_port(self.port + 1)
+        raise PrefectServerError(
+            f"prefect server could not bind a port ({self._last_log_line()}); "
+            f"see {self.home / 'server.log'}"
+        )
+
+    def _launch_and_wait(self, timeout_s: float) -> bool:
+        """Launch on `self.port`; True once it answers as this home's server, False when the
+        port turned out to be taken."""
         prefect = shutil.which("prefect", path=str(Path(sys.executable).parent)) or "prefect"
         env = {**os.environ, **QUIET_ENV, "PREFECT_HOME": str(self.home)}
         env.pop("PREFECT_API_URL", None)
         log = (self.home / "server.log").open("ab")
         self._process = subprocess.Popen(
             [
-                *_DIE_WITH_PARENT,
+                *([] if self.detached else _DIE_WITH_PARENT),
                 prefect,
                 "server",
                 "start",
@@ -109,10 +193,10 @@ class LocalPrefectServer:
                 self.host,
                 "--port",
                 str(self.port),
-                "--no-ui",
                 "--analytics-off",
             ],
             env=env,
+            stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -121,8 +205,13 @@ class LocalPrefectServer:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if _healthy(self.api_url):
-                return self.api_url
+                if _serves_home(self.api_url, self.home):
+                    return True
+                self.stop()  # someone else's server on this port
+                return False
             if self._process.poll() is not None:
+                if not _port_is_free(self.port):
+                    return False
                 raise PrefectServerError(
                     f"prefect server exited during start-up ({self._last_log_line()}); "
                     f"see {self.home / 'server.log'}"
@@ -142,18 +231,17 @@ class LocalPrefectServer:
             return f"no log: {error}"
         return next((line.strip() for line in reversed(lines) if line.strip()), "empty log")
 
+    @property
+    def state(self) -> ServerState:
+        assert self._process is not None, "start() the server first"
+        return ServerState(self.api_url, self.ui_url, self._process.pid, str(self.home))
+
     def stop(self) -> None:
         process, self._process = self._process, None
         if process is None or process.poll() is not None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        _terminate_group(process.pid)
+        process.wait()
 
     def __enter__(self) -> LocalPrefectServer:
         self.start()
@@ -161,6 +249,88 @@ class LocalPrefectServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _terminate_group(pid: int, timeout_s: float = 15.0) -> None:
+    """SIGTERM the server's process group, SIGKILL it if it is still there after `timeout_s`."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+# -- the long-lived server of `rollyard server start|stop|status` ------------------------------
+
+
+def running_server(home: Path) -> ServerState | None:
+    """The long-lived server recorded in `home`, if it answers as that home's server; a state
+    file left by a server that died is removed."""
+    state_file = Path(home) / SERVER_STATE_FILE
+    try:
+        state = ServerState(**json.loads(state_file.read_text()))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, TypeError) as error:
+        raise PrefectServerError(
+            f"{state_file} is not a server state file ({error}); delete it and run "
+            "`rollyard server start` again"
+        ) from None
+    if _healthy(state.api_url) and _serves_home(state.api_url, Path(home)):
+        return state
+    state_file.unlink(missing_ok=True)
+    return None
+
+
+def start_server(home: Path, *, port: int | None = None) -> ServerState:
+    """Start a detached server for `home` (or return the one already running there)."""
+    existing = running_server(home)
+    if existing is not None:
+        return existing
+    server = LocalPrefectServer(home, port=port, detached=True)
+    server.start()
+    state = server.state
+    state_file = Path(home) / SERVER_STATE_FILE
+    partial = state_file.with_suffix(".tmp")
+    partial.write_text(json.dumps(dataclasses.asdict(state)))
+    partial.replace(state_file)
+    return state
+
+
+def stop_server(home: Path) -> ServerState | None:
+    """Stop the long-lived server of `home`; returns what was stopped, None if none ran."""
+    state = running_server(home)
+    if state is None:
+        return None
+    _terminate_group(state.pid)
+    (Path(home) / SERVER_STATE_FILE).unlink(missing_ok=True)
+    return state
+
+
+def connect(store: str | Path = ".rollyard") -> str:
+    """Point Prefect in this process (a notebook, a script) at the store's long-lived server
+    and return its API URL. Call it before the first flow run: Prefect reads its settings once.
+    A configured `PREFECT_API_URL` is kept as it is."""
+    configured = os.environ.get("PREFECT_API_URL")
+    if configured:
+        return configured
+    state = running_server(prefect_home_for(str(Path(store).absolute())))
+    if state is None:
+        raise PrefectServerError(
+            f"no Prefect server runs for the store {store}; start one with "
+            f"`rollyard server start --store {store}`"
+        )
+    quiet_environment()
+    os.environ["PREFECT_API_URL"] = state.api_url
+    return state.api_url
 
 
 def prefect_home_for(store: str) -> Path:
@@ -171,29 +341,44 @@ def prefect_home_for(store: str) -> Path:
     return Path(store.removeprefix("file://")) / "prefect"
 
 
+def _announce(line: str) -> None:
+    print(f"rollyard: {line}", file=sys.stderr, flush=True)
+
+
 @contextlib.contextmanager
 def prefect_api(home: Path) -> Iterator[str]:
-    """The Prefect API to use: `PREFECT_API_URL` when configured, else a local server started
-    for the duration of the block (its URL exported so Dask workers inherit it)."""
+    """The Prefect API to use, announced once on stderr with its UI: `PREFECT_API_URL` when
+    configured, else the long-lived server of `home` (`rollyard server start`), else a local
+    server started for the duration of the block. The URL is exported so Dask workers inherit
+    it, and Prefect's settings of this process follow it for the block."""
     quiet_environment()
     configured = os.environ.get("PREFECT_API_URL")
     if configured:
         yield configured
         return
-    server = LocalPrefectServer(home)
-    server.start()
-    # Spawned Dask workers read the environment; this process's Prefect settings were frozen
-    # when prefect was imported, so they are overridden for the block as well.
-    os.environ["PREFECT_API_URL"] = server.api_url
+    long_lived = running_server(home)
+    server: LocalPrefectServer | None = None
+    if long_lived is not None:
+        api_url = long_lived.api_url
+        _announce(f"Prefect UI at {long_lived.ui_url} (the server of `rollyard server start`)")
+    else:
+        server = LocalPrefectServer(home)
+        api_url = server.start()
+        _announce(
+            f"Prefect UI at {server.ui_url} (until this command ends; "
+            "`rollyard server start` keeps one running)"
+        )
+    os.environ["PREFECT_API_URL"] = api_url
     try:
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
-        with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
-            yield server.api_url
+        with temporary_settings(updates={PREFECT_API_URL: api_url}):
+            yield api_url
     finally:
         drain_prefect_clients()
         os.environ.pop("PREFECT_API_URL", None)
-        server.stop()
+        if server is not None:
+            server.stop()
 
 
 def drain_prefect_clients(timeout_s: float = 10.0) -> None:
@@ -214,14 +399,29 @@ WORKER_PRELOAD = "flows.dask_worker"
 """The module every rollyard Dask worker preloads (it takes the scratch directory off sys.path)."""
 
 
-def local_cluster_kwargs(workers: int, *, threads_per_worker: int = 1) -> dict[str, Any]:
+DASK_DASHBOARD_ADDRESS = "127.0.0.1:8787"
+"""Dask's default dashboard port, on loopback; Dask picks another port when it is taken."""
+
+
+def dask_dashboard_available() -> bool:
+    """The dashboard needs bokeh; without it Dask runs the same, with no dashboard."""
+    import importlib.util
+
+    return importlib.util.find_spec("bokeh") is not None
+
+
+def local_cluster_kwargs(
+    workers: int, *, threads_per_worker: int = 1, dashboard: bool = True
+) -> dict[str, Any]:
     """Arguments of every LocalCluster rollyard starts: `workers` processes that preload
-    `WORKER_PRELOAD`, no dashboard. One thread per worker by default: an episode holds a core."""
+    `WORKER_PRELOAD`, the dashboard on where bokeh is installed (prefect-dask logs its address
+    when the flow starts). One thread per worker by default: an episode holds a core."""
+    on = dashboard and dask_dashboard_available()
     return {
         "n_workers": workers,
         "threads_per_worker": threads_per_worker,
         "processes": True,
-        "dashboard_address": None,
+        "dashboard_address": DASK_DASHBOARD_ADDRESS if on else None,
         "preload": [WORKER_PRELOAD],
     }
 

@@ -28,6 +28,7 @@ from prefect.futures import wait as wait_for_futures
 
 from flows.artifacts import publish_iteration_artifacts
 from flows.errors import FlowSettingsError, GateStoppedRun, NoWorkersError, ShardDeadlineError
+from flows.limits import sandbox_slots, training_run_slot
 from storage import TrajectoryStore
 from storage.fsck import check_before_use
 from storage.gates import GateReport, GateSettings
@@ -128,6 +129,9 @@ class TrainSettings:
     update_stand_in_s: float = 0.0
     """Benchmarks only: seconds each update waits before the real one, standing in for the
     update time of a trainer on an accelerator (`benchmarks/async.py`)."""
+    max_concurrent_runs_per_store: int = 1
+    """Slots of the store's Prefect limit on training runs (`flows.limits`) when this run
+    creates it; a run beyond them waits for a slot. A limit that exists keeps its slots."""
     gate_on_failure: str = "continue"
     """What a failed quality gate does besides quarantining the iteration: `continue` training
     (the quarantined batch is not trained on) or `stop` the run. Thresholds come from
@@ -147,6 +151,11 @@ class TrainSettings:
             raise FlowSettingsError(f"max_policy_lag must be >= 1, got {self.max_policy_lag}")
         if self.iterations < 1:
             raise FlowSettingsError(f"iterations must be >= 1, got {self.iterations}")
+        if self.max_concurrent_runs_per_store < 1:
+            raise FlowSettingsError(
+                "max_concurrent_runs_per_store must be >= 1, got "
+                f"{self.max_concurrent_runs_per_store}"
+            )
         if not self.no_worker_timeout_s > 0:
             raise FlowSettingsError(
                 f"no_worker_timeout_s must be positive, got {self.no_worker_timeout_s}"
@@ -192,7 +201,9 @@ def _report(event: str, **values: Any) -> None:
 
 @task(name="rollout_shard", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
 def rollout_shard(request: ShardRequest, store_root: str) -> ShardOutcome:
-    return rollout_shard_and_commit(request, store_root)
+    # Each episode in flight holds a sandbox: take that many of the host's sandbox slots.
+    with sandbox_slots(min(request.max_concurrent_requests, len(request.episodes))):
+        return rollout_shard_and_commit(request, store_root)
 
 
 # How often the flow looks at the cluster while it waits for shards.
@@ -417,13 +428,24 @@ class _Submitted:
 
 @flow(name="train", log_prints=False)
 def train(settings: TrainSettings) -> list[IterationSummary]:
-    # Held already when `run_training` started the flow (then this nests); taken here for a
+    # One writer per store (`storage.lease`): a run started while another writes waits for the
+    # store's Prefect slot (deployments queue) instead of failing on the lease. The lease is
+    # held already when `run_training` started the flow (then this nests); taken here for a
     # flow started any other way (a deployment).
-    with writer_lease(settings.store, run_id=settings.run_id):
-        return _train(settings)
+    with (
+        training_run_slot(
+            settings.store,
+            settings.max_concurrent_runs_per_store,
+            on_wait=lambda name: get_run_logger().info(
+                "waiting for a training slot of this store (Prefect limit %s)", name
+            ),
+        ),
+        writer_lease(settings.store, run_id=settings.run_id),
+    ):
+        return _train_iterations(settings)
 
 
-def _train(settings: TrainSettings) -> list[IterationSummary]:
+def _train_iterations(settings: TrainSettings) -> list[IterationSummary]:
     logger = get_run_logger()
     # Before any episode and any write: the spec, a trainer for it, a server that answers.
     policy = check_training_policy(settings.policy, trainer_model=settings.trainer_model)

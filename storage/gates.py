@@ -30,6 +30,14 @@ import pyarrow.compute as pc
 from rollyard.settings import settings
 from rollyard.status import ALL_STATUSES, is_trainable
 from storage.errors import GateSettingsError
+from storage.gx_project import (
+    DOCS_SITE,
+    ITERATION_SUITE_PREFIX,
+    dataframe_batch,
+    gate_docs_pages_for,
+    gate_run_name,
+    open_context,
+)
 from storage.store import TrajectoryStore
 from storage.tables.gates import GateResult
 
@@ -40,6 +48,19 @@ ITERATION_SUITE = "iteration"
 """Suite name under which `gate_iteration` records its results in the `gates` table."""
 
 OnFailure = Literal["continue", "stop"]
+SuiteName = Literal["batch", "episodes", "drift", "groups"]
+"""The iteration gate's GX suites (`iteration.<name>` in the store's GX project): row counts;
+per-episode columns (when there are rows); reward drift (when there is a reference); GRPO
+groups (when a group has two scored samples)."""
+_SUITE_FRAMES: dict[str, str] = {
+    "batch": "episodes",
+    "episodes": "episodes",
+    "drift": "episodes",
+    "groups": "groups",
+}
+ROLLYARD_META = "rollyard_check"
+"""Meta key naming a rollyard expectation in a suite; `rollyard_default` holds the arguments
+rollyard last wrote, so an expectation a user edited with GX's API is told apart and kept."""
 # The defaults of the status classes, from the one status vocabulary (in its order).
 _TRAINABLE = tuple(status for status in ALL_STATUSES if is_trainable(status))
 _INFRASTRUCTURE = tuple(status for status in ALL_STATUSES if not is_trainable(status))
@@ -182,6 +203,8 @@ class GateReport:
     quarantined: bool
     on_failure: OnFailure
     duration_s: float
+    docs_pages: tuple[str, ...] = ()
+    """The GX Data Docs pages of this evaluation (one per suite run), inside the store."""
 
     @property
     def passed(self) -> bool:
@@ -227,7 +250,7 @@ class _Check:
 
     name: str
     expected: str
-    frame: Literal["episodes", "groups"]
+    suite: SuiteName
     expectation: Any
 
 
@@ -254,14 +277,28 @@ def gate_iteration(
     episodes = _episode_frame(table, settings)
     groups = _group_frame(table, settings)
     reference = _reference_mean(store, run_id, iteration, settings)
-    checks = _checks(
+    evaluation = _next_evaluation(store, run_id, iteration)
+    checks, parameters = _checks(
         settings,
         n_rows=table.num_rows,
         expected_episodes=expected_episodes,
         reference=reference,
-        has_groups=len(groups) > 0,
     )
-    results = _validate(checks, episodes, groups)
+    suites: list[SuiteName] = ["batch"]
+    if table.num_rows:
+        suites.append("episodes")
+    if reference is not None:
+        suites.append("drift")
+    if len(groups) > 0:
+        suites.append("groups")
+    results, expected_of, docs_pages = _validate(
+        store.root,
+        gate_run_name(run_id, iteration, evaluation),
+        checks,
+        suites,
+        parameters,
+        {"episodes": episodes, "groups": groups},
+    )
     if reference is None:
         results.append(
             GateResult(
@@ -280,13 +317,12 @@ def gate_iteration(
                 details="no group has two or more scored samples",
             )
         )
-    thresholds = {c.name: c.expected for c in checks}
+    thresholds = dict(expected_of)
     thresholds.setdefault("reward_drift", f"|mean - reference| <= {settings.max_reward_mean_shift}")
     thresholds.setdefault(
         "zero_variance_group_share", f"<= {settings.max_zero_variance_group_share}"
     )
     quarantined = not all(r.success for r in results)
-    evaluation = _next_evaluation(store, run_id, iteration)
     report = GateReport(
         run_id=run_id,
         iteration=iteration,
@@ -298,6 +334,7 @@ def gate_iteration(
         quarantined=quarantined,
         on_failure=settings.on_failure,
         duration_s=0.0,
+        docs_pages=tuple(docs_pages),
     )
     store.gates.record(
         run_id,
@@ -413,33 +450,42 @@ def _checks(
     n_rows: int,
     expected_episodes: int | None,
     reference: float | None,
-    has_groups: bool,
-) -> list[_Check]:
+) -> tuple[list[_Check], dict[str, float]]:
+    """Every expectation rollyard keeps in the iteration suites, from the settings, and the
+    suite parameters of this evaluation (what varies per iteration: the scheduled row count,
+    the drift bounds). Which suites run is decided by the caller."""
     import importlib
 
     # GX exports its expectation classes without `__all__`; strict mypy would flag each one.
     gxe: Any = importlib.import_module("great_expectations.expectations")
 
+    s = settings
+    # Without a schedule the committed count is what was expected; without a reference the
+    # drift suite does not run (its bounds are then unused).
+    low, high = (
+        (reference - s.max_reward_mean_shift, reference + s.max_reward_mean_shift)
+        if reference is not None
+        else (s.reward_min, s.reward_max)
+    )
+    parameters = {
+        "expected_episodes": float(n_rows if expected_episodes is None else expected_episodes),
+        "reward_mean_min": low,
+        "reward_mean_max": high,
+    }
     checks = [
         _Check(
             "episode_count",
             f">= {settings.min_episodes}",
-            "episodes",
+            "batch",
             gxe.ExpectTableRowCountToBeBetween(min_value=settings.min_episodes),
         ),
+        _Check(
+            "episodes_as_scheduled",
+            f"== {expected_episodes}" if expected_episodes is not None else "no schedule given",
+            "batch",
+            gxe.ExpectTableRowCountToEqual(value={"$PARAMETER": "expected_episodes"}),
+        ),
     ]
-    if expected_episodes is not None:
-        checks.append(
-            _Check(
-                "episodes_as_scheduled",
-                f"== {expected_episodes}",
-                "episodes",
-                gxe.ExpectTableRowCountToEqual(value=expected_episodes),
-            )
-        )
-    if n_rows == 0:
-        return checks
-    s = settings
     checks += [
         _Check(
             "episode_id_not_null",
@@ -507,89 +553,186 @@ def _checks(
                 column="has_hack_flag", min_value=0.0, max_value=s.max_hack_flag_rate
             ),
         ),
+        # Quantile bounds as GX's median and `mostly` expectations: "at least 99% of the
+        # values <= x" is "p99 <= x". (GX 1.24's quantile expectation stores numpy booleans
+        # that its own file stores cannot serialize.)
         _Check(
-            "n_steps_quantiles",
-            f"p50 <= {s.n_steps_p50_max}, p99 <= {s.n_steps_p99_max}",
+            "n_steps_p50",
+            f"<= {s.n_steps_p50_max}",
             "episodes",
-            gxe.ExpectColumnQuantileValuesToBeBetween(
-                column="n_steps",
-                quantile_ranges={
-                    "quantiles": [0.5, 0.99],
-                    "value_ranges": [[0, s.n_steps_p50_max], [0, s.n_steps_p99_max]],
-                },
+            gxe.ExpectColumnMedianToBeBetween(column="n_steps", max_value=s.n_steps_p50_max),
+        ),
+        _Check(
+            "n_steps_p99",
+            f"<= {s.n_steps_p99_max}",
+            "episodes",
+            gxe.ExpectColumnValuesToBeBetween(
+                column="n_steps", max_value=s.n_steps_p99_max, mostly=0.99
+            ),
+        ),
+        _Check(
+            "wall_s_p99",
+            f"<= {s.wall_s_p99_max}",
+            "episodes",
+            gxe.ExpectColumnValuesToBeBetween(
+                column="wall_s", max_value=s.wall_s_p99_max, mostly=0.99
             ),
         ),
     ]
     checks.append(
         _Check(
-            "wall_s_p99",
-            f"<= {s.wall_s_p99_max}",
-            "episodes",
-            gxe.ExpectColumnQuantileValuesToBeBetween(
-                column="wall_s",
-                quantile_ranges={"quantiles": [0.99], "value_ranges": [[0, s.wall_s_p99_max]]},
+            "reward_drift",
+            f"mean in [{low:.3f}, {high:.3f}] (reference {reference:.3f})"
+            if reference is not None
+            else "no reference",
+            "drift",
+            gxe.ExpectColumnMeanToBeBetween(
+                column="scored_reward",
+                min_value={"$PARAMETER": "reward_mean_min"},
+                max_value={"$PARAMETER": "reward_mean_max"},
             ),
         )
     )
-    if reference is not None:
-        low, high = reference - s.max_reward_mean_shift, reference + s.max_reward_mean_shift
-        checks.append(
-            _Check(
-                "reward_drift",
-                f"mean in [{low:.3f}, {high:.3f}] (reference {reference:.3f})",
-                "episodes",
-                gxe.ExpectColumnMeanToBeBetween(
-                    column="scored_reward", min_value=low, max_value=high
-                ),
-            )
+    checks.append(
+        _Check(
+            "zero_variance_group_share",
+            f"<= {s.max_zero_variance_group_share}",
+            "groups",
+            gxe.ExpectColumnMeanToBeBetween(
+                column="zero_variance", min_value=0.0, max_value=s.max_zero_variance_group_share
+            ),
         )
-    if has_groups:
-        checks.append(
-            _Check(
-                "zero_variance_group_share",
-                f"<= {s.max_zero_variance_group_share}",
-                "groups",
-                gxe.ExpectColumnMeanToBeBetween(
-                    column="zero_variance", min_value=0.0, max_value=s.max_zero_variance_group_share
-                ),
-            )
-        )
-    return checks
+    )
+    return checks, parameters
 
 
 def _validate(
-    checks: Sequence[_Check], episodes: pd.DataFrame, groups: pd.DataFrame
-) -> list[GateResult]:
+    store_root: str,
+    run_name: str,
+    checks: Sequence[_Check],
+    suites: Sequence[SuiteName],
+    parameters: dict[str, float],
+    frames: Mapping[str, pd.DataFrame],
+) -> tuple[list[GateResult], dict[str, str], list[str]]:
+    """Run the iteration suites through GX checkpoints in the store's GX project, Data Docs
+    rendered for this run; returns the results, the expected text of each result and the
+    run's Data Docs pages."""
     import great_expectations as gx
-    from great_expectations.data_context.types.base import ProgressBarsConfig
+    from great_expectations.checkpoint.actions import UpdateDataDocsAction
+    from great_expectations.core.run_identifier import RunIdentifier
 
-    context = gx.get_context(mode="ephemeral")
-    context.variables.progress_bars = ProgressBarsConfig(globally=False)
-    source = context.data_sources.add_pandas(name="iteration")
+    context = open_context(store_root)
+    expected_of: dict[str, str] = {}
     results: list[GateResult] = []
-    for frame_name, frame in (("episodes", episodes), ("groups", groups)):
-        chosen = [c for c in checks if c.frame == frame_name]
+    run_id = RunIdentifier(run_name=run_name)
+    for frame_name in ("episodes", "groups"):
+        chosen = [name for name in suites if _SUITE_FRAMES[name] == frame_name]
         if not chosen:
             continue
-        batch_definition = source.add_dataframe_asset(
-            name=frame_name
-        ).add_batch_definition_whole_dataframe("whole")
-        suite = gx.ExpectationSuite(
-            name=f"iteration.{frame_name}", expectations=[c.expectation for c in chosen]
+        batch_definition = dataframe_batch(context, frame_name)
+        definitions = []
+        for suite_name in chosen:
+            suite = _synced_suite(context, suite_name, [c for c in checks if c.suite == suite_name])
+            definitions.append(
+                context.validation_definitions.add_or_update(
+                    gx.ValidationDefinition(name=suite.name, data=batch_definition, suite=suite)
+                )
+            )
+        checkpoint = context.checkpoints.add_or_update(
+            gx.Checkpoint(
+                name=f"{ITERATION_SUITE_PREFIX}{frame_name}",
+                validation_definitions=definitions,
+                actions=[UpdateDataDocsAction(name="data_docs", site_names=[DOCS_SITE])],
+                result_format="SUMMARY",
+            )
         )
-        batch = batch_definition.get_batch(batch_parameters={"dataframe": frame})
-        validation = batch.validate(suite, result_format="SUMMARY")
-        # GX keeps the suite's order; match each result back to its check by position.
-        for check, result in zip(chosen, validation.results, strict=True):
-            results.append(_gate_result(check, result))
-    return results
+        outcome = checkpoint.run(
+            batch_parameters={"dataframe": frames[frame_name]},
+            expectation_parameters=parameters,
+            run_id=run_id,
+        )
+        by_name = {c.name: c for c in checks}
+        for validation in outcome.run_results.values():
+            for result in validation.results:
+                name, expected = _described(result.expectation_config, by_name, parameters)
+                expected_of[name] = expected
+                results.append(_gate_result(name, result))
+    pages = [str(page) for page in gate_docs_pages_for(store_root, run_name)]
+    return results, expected_of, pages
 
 
-def _gate_result(check: _Check, result: Any) -> GateResult:
+def _synced_suite(context: Any, suite_name: str, checks: Sequence[_Check]) -> Any:
+    """The persisted suite `iteration.<suite_name>`, with rollyard's expectations written from
+    the settings, except those a user edited with GX's API (kept as edited); expectations a
+    user added are kept and run too."""
+    import great_expectations as gx
+    from great_expectations.exceptions.exceptions import DataContextError
+
+    name = f"{ITERATION_SUITE_PREFIX}{suite_name}"
+    try:
+        suite = context.suites.get(name)
+    except DataContextError:
+        suite = context.suites.add(gx.ExpectationSuite(name=name))
+    stored = {
+        (e.meta or {}).get(ROLLYARD_META): e
+        for e in suite.expectations
+        if (e.meta or {}).get(ROLLYARD_META)
+    }
+    changed = False
+    for check in checks:
+        wanted = _arguments(check.expectation)
+        existing = stored.get(check.name)
+        if existing is not None:
+            current = _arguments(existing)
+            if current == wanted or current != existing.meta.get("rollyard_default"):
+                continue  # up to date, or edited by a user: theirs wins
+            suite.delete_expectation(existing)
+        expectation = check.expectation  # made fresh by `_checks` for this evaluation
+        expectation.meta = {ROLLYARD_META: check.name, "rollyard_default": wanted}
+        suite.add_expectation(expectation)
+        changed = True
+    if changed:
+        suite.save()
+    return suite
+
+
+def _arguments(expectation: Any) -> dict[str, Any]:
+    """An expectation's arguments as JSON values (comparable after a round trip to disk)."""
+    import json
+
+    kwargs = expectation.configuration.kwargs
+    return dict(json.loads(json.dumps({k: v for k, v in kwargs.items() if k != "batch_id"})))
+
+
+def _described(
+    config: Any, checks: Mapping[str, _Check], parameters: Mapping[str, float]
+) -> tuple[str, str]:
+    """The name a result is reported under and what it expected: rollyard's name and text for
+    its own unedited expectations, else the expectation type and its arguments (a result holds
+    its arguments with the suite parameters filled in)."""
+    meta = config.meta or {}
+    name = meta.get(ROLLYARD_META)
+    arguments = {k: v for k, v in config.kwargs.items() if k != "batch_id"}
+    default = {
+        key: parameters.get(value["$PARAMETER"], value)
+        if isinstance(value, dict) and "$PARAMETER" in value
+        else value
+        for key, value in (meta.get("rollyard_default") or {}).items()
+    }
+    if name in checks and arguments == default:
+        return str(name), checks[str(name)].expected
+    shown = ", ".join(f"{k}={v}" for k, v in arguments.items())
+    if name:
+        return str(name), f"{config.type}({shown}) (edited in the suite)"
+    column = arguments.get("column")
+    return f"{config.type}" + (f"[{column}]" if column else ""), f"{config.type}({shown})"
+
+
+def _gate_result(name: str, result: Any) -> GateResult:
     info = result.exception_info or {}
     if info.get("raised_exception"):
         message = str(info.get("exception_message") or "expectation raised").splitlines()[0]
-        return GateResult(check.name, False, observed="error", details=message[:500])
+        return GateResult(name, False, observed="error", details=message[:500])
     body = result.result or {}
     observed = body.get("observed_value")
     details = result.expectation_config.type
@@ -601,7 +744,7 @@ def _gate_result(check: _Check, result: Any) -> GateResult:
         sample = body.get("partial_unexpected_list") or []
         if sample:
             details += f"; e.g. {[_short(v) for v in sample[:3]]}"
-    return GateResult(check.name, bool(result.success), observed=_short(observed), details=details)
+    return GateResult(name, bool(result.success), observed=_short(observed), details=details)
 
 
 def _short(value: Any) -> str:

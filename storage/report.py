@@ -12,9 +12,13 @@ import base64
 import datetime
 import html
 import io
+import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from storage.gates import ITERATION_SUITE
+from storage.gx_project import gate_docs_pages
 from storage.store import TrajectoryStore
 
 Rows = list[dict[str, Any]]
@@ -64,7 +68,8 @@ _QUERIES: dict[str, str] = {
         FROM metrics WHERE source = 'train_flow' GROUP BY run_id, iteration ORDER BY 1, 2
     """,
     "gates": """
-        SELECT v.run_id, v.iteration, v.suite, v.quarantined, v.reason, v.evaluated_at,
+        SELECT v.run_id, v.iteration, v.suite, v.evaluation, v.quarantined, v.reason,
+               v.evaluated_at,
                (SELECT string_agg(g.expectation || ' (' || coalesce(g.observed, '?') || ')', '; ')
                 FROM gates g WHERE g.kind = 'expectation' AND NOT g.success
                   AND g.run_id = v.run_id AND g.iteration = v.iteration AND g.suite = v.suite
@@ -233,8 +238,15 @@ def _figure(png_base64: str, alt: str) -> str:
     )
 
 
-def render_html(tables: dict[str, Rows], *, title: str, source: str) -> str:
-    """The report page for tables from `collect`."""
+def render_html(
+    tables: dict[str, Rows],
+    *,
+    title: str,
+    source: str,
+    gate_docs: Sequence[tuple[str, str]] = (),
+) -> str:
+    """The report page for tables from `collect`; `gate_docs` are (label, href) links to the
+    GX Data Docs pages of the gate runs."""
     generated = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     parts = [
         "<!DOCTYPE html>",
@@ -261,6 +273,14 @@ def render_html(tables: dict[str, Rows], *, title: str, source: str) -> str:
     parts.append(
         _table(tables["gates"], empty="No gate has been evaluated.", bad_column="quarantined")
     )
+    if gate_docs:
+        links = "".join(
+            f'<li><a href="{html.escape(href)}">{html.escape(label)}</a></li>'
+            for label, href in gate_docs
+        )
+        parts.append(
+            f'<p>Great Expectations Data Docs of each gate run:</p><ul class="docs">{links}</ul>'
+        )
     parts.append('<h2 id="failures">Failure taxonomy</h2>')
     for run in sorted({r["run_id"] for r in tables["failure_taxonomy"]}):
         rows = [r for r in tables["failure_taxonomy"] if r["run_id"] == run]
@@ -282,6 +302,22 @@ def render_html(tables: dict[str, Rows], *, title: str, source: str) -> str:
     return "\n".join(parts)
 
 
+def _gate_docs_links(store_root: str, gates: Rows, report_dir: Path) -> list[tuple[str, str]]:
+    """(label, relative href) of each gate run's Data Docs pages, so the links keep working
+    when the store and its report move together."""
+    links = []
+    for row in gates:
+        if row.get("suite") != ITERATION_SUITE or row.get("evaluation") is None:
+            continue
+        for page in gate_docs_pages(
+            store_root, row["run_id"], int(row["iteration"]), int(row["evaluation"])
+        ):
+            suite = page.parents[2].name
+            label = f"{row['run_id']} iteration {row['iteration']}: {suite}"
+            links.append((label, Path(os.path.relpath(page, report_dir)).as_posix()))
+    return links
+
+
 def write_report(
     store: TrajectoryStore,
     out: str | Path,
@@ -290,8 +326,14 @@ def write_report(
     title: str = "rollyard report",
 ) -> Path:
     """Write the report of `store` (or of one run) to `out`, atomically; returns the path."""
-    html_text = render_html(collect(store, run_id=run_id), title=title, source=store.root)
+    tables = collect(store, run_id=run_id)
     path = Path(out)
+    html_text = render_html(
+        tables,
+        title=title,
+        source=store.root,
+        gate_docs=_gate_docs_links(store.root, tables["gates"], path.absolute().parent),
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp")
     temporary.write_text(html_text, encoding="utf-8")

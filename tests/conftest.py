@@ -16,6 +16,15 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--screenshots",
+        default=None,
+        metavar="DIR",
+        help="keep the browser tests' screenshots in DIR (the README's come from docs/images)",
+    )
+
+
 @pytest.fixture(scope="session", autouse=True)
 def private_sandbox_root() -> Iterator[Path]:
     """Sandboxes of this test session live in their own state dir, so tests never touch (or

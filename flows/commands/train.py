@@ -371,7 +371,29 @@ def _demo(args: argparse.Namespace) -> int:
     plot = store_root / f"reward_curve_{settings.run_id}.png"
     _plot_curve(rows, plot)
     print(f"\nplot saved to {plot}")
+    _print_where_to_look(store_root)
     return 0
+
+
+def _print_where_to_look(store_root: Path) -> None:
+    """The commands that show the run further (the README's "Where to look")."""
+    from storage.gx_project import docs_site_dir
+
+    store = str(store_root)
+    print("\nlook further:")
+    for command, what in (
+        (f"rollyard report --store {store}", "HTML report: curves, gates, failures, checkpoints"),
+        (
+            f"rollyard server start --store {store}",
+            "Prefect UI with this run's flow and task runs, kept up until `server stop`",
+        ),
+        (f"ROLLYARD_STORE={store} notebooks/", "the analysis notebooks read this store"),
+        (
+            str(docs_site_dir(str(store_root.absolute())) / "index.html"),
+            "GX Data Docs of every gate run",
+        ),
+    ):
+        print(f"  {command}\n      {what}")
 
 
 def _fmt(value: Any) -> str:

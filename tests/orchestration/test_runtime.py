@@ -1,13 +1,17 @@
-"""The embedded Prefect server does not outlive the process that started it."""
+"""The local Prefect server: the embedded one does not outlive the process that started it;
+the long-lived one of `rollyard server` is shared by every later command on its store."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -78,3 +82,66 @@ def test_two_servers_starting_on_one_home_take_turns(tmp_path: Path) -> None:
         for starter in starters:
             starter.send_signal(signal.SIGKILL)
             starter.wait(timeout=30)
+
+
+def test_server_start_status_and_stop_share_one_server_per_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`rollyard server start` leaves a server that a later command on the same store finds
+    (here through `prefect_api` and `connect`, as a second shell or a notebook would), and
+    `stop` takes it down."""
+    from flows.cli import main
+    from flows.runtime import PREFECT_DEFAULT_PORT, connect, prefect_api, prefect_home_for
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    store = tmp_path / "store"
+    assert main(["server", "status", "--store", str(store)]) == 3
+    assert main(["server", "start", "--store", str(store)]) == 0
+    try:
+        started = capsys.readouterr().out
+        ui_url = re.search(r"UI:\s+(http://127\.0\.0\.1:(\d+))", started)
+        assert ui_url is not None, started
+        assert int(ui_url.group(2)) >= PREFECT_DEFAULT_PORT
+        api_url = f"{ui_url.group(1)}/api"
+        assert _healthy(api_url)
+        # the UI itself is served, not only the API
+        with urllib.request.urlopen(ui_url.group(1), timeout=10) as page:
+            assert b"<title>" in page.read()
+
+        assert main(["server", "start", "--store", str(store)]) == 0  # idempotent
+        assert f"UI:  {ui_url.group(1)}" in capsys.readouterr().out
+        assert main(["server", "status", "--store", str(store)]) == 0
+        assert api_url in capsys.readouterr().out
+
+        with prefect_api(prefect_home_for(str(store))) as used:
+            assert used == api_url
+        assert "the server of `rollyard server start`" in capsys.readouterr().err
+        assert _healthy(api_url), "a command that found the server must leave it running"
+        assert connect(store) == api_url
+    finally:
+        monkeypatch.delenv("PREFECT_API_URL", raising=False)
+        assert main(["server", "stop", "--store", str(store)]) == 0
+    assert "stopped the server" in capsys.readouterr().out
+    assert not _healthy(api_url)
+    assert main(["server", "status", "--store", str(store)]) == 3
+
+
+def test_connect_without_a_server_names_the_command_that_starts_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flows.errors import PrefectServerError
+    from flows.runtime import connect
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    with pytest.raises(PrefectServerError, match="rollyard server start --store"):
+        connect(tmp_path / "store")
+
+
+def test_the_embedded_server_takes_the_next_port_when_4200_is_held() -> None:
+    from flows.runtime import PREFECT_DEFAULT_PORT, stable_port
+
+    first = stable_port()
+    assert first >= PREFECT_DEFAULT_PORT
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", first))
+        assert stable_port() > first

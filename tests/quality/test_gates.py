@@ -39,7 +39,8 @@ def test_clean_batch_passes_and_is_recorded(store: TrajectoryStore) -> None:
         "infra_error_rate",
         "hack_flag_rate",
         "zero_variance_group_share",
-        "n_steps_quantiles",
+        "n_steps_p50",
+        "n_steps_p99",
         "episodes_as_scheduled",
     } <= names
     assert store.read_episodes("run", 0).num_rows == len(rows)

@@ -4,9 +4,11 @@ and Dask cluster), shared by the notebook, report, artifact and serve tests."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from headless_browser import CHROMIUM, SKIP_REASON, Browser
 
 SMALL_RUN_ID = "ops"
 
@@ -49,3 +51,22 @@ def private_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         monkeypatch.setenv(name, str(home / sub) if sub else str(home))
     os.makedirs(home / "jupyter" / "runtime", exist_ok=True)
     return home
+
+
+@pytest.fixture
+def browser(private_home: Path) -> Iterator[Browser]:
+    """A headless Chromium (skipped where none is installed)."""
+    if CHROMIUM is None:
+        pytest.skip(SKIP_REASON)
+    opened = Browser(private_home)
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+@pytest.fixture
+def screenshots(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """Where the browser tests save screenshots: `--screenshots DIR`, else the test's tmp."""
+    chosen = request.config.getoption("--screenshots")
+    return Path(chosen) if chosen else tmp_path / "screenshots"
