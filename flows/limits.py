@@ -16,9 +16,13 @@ import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-TRAINING_RUNS_PER_STORE = 1
-"""Default of the per-store limit on training runs: a store has one writer at a time
-(`storage.lease`), so a second run queues on this slot rather than failing on the lease."""
+TRAINING_RUNS_PER_STORE = 2
+"""Default of the per-store limit on training runs. A store has one writer at a time (its lease,
+`storage.lease`, refuses a second); the second slot lets a run resumed after its predecessor was
+killed start at once, while the dead run's slot waits out its lease (`SLOT_LEASE_S`)."""
+SLOT_LEASE_S = 60.0
+"""How long a slot outlives a holder that died without releasing it (Prefect renews the lease
+while the holder lives; 60 s is the server's minimum)."""
 SANDBOXES_PER_CORE = 4
 """Default sandboxes per core of a host: a sandbox mostly waits on its commands or a model
 server, so a core carries a few; the limit bounds their memory and processes."""
@@ -81,12 +85,20 @@ def training_run_slot(
     with contextlib.ExitStack() as held:
         try:
             held.enter_context(
-                concurrency(name, occupy=1, strict=True, timeout_seconds=QUICK_ACQUIRE_S)
+                concurrency(
+                    name,
+                    occupy=1,
+                    strict=True,
+                    timeout_seconds=QUICK_ACQUIRE_S,
+                    lease_duration=SLOT_LEASE_S,
+                )
             )
         except TimeoutError:
             if on_wait is not None:
                 on_wait(name)
-            held.enter_context(concurrency(name, occupy=1, strict=True))
+            held.enter_context(
+                concurrency(name, occupy=1, strict=True, lease_duration=SLOT_LEASE_S)
+            )
         yield name
 
 
@@ -99,5 +111,5 @@ def sandbox_slots(count: int) -> Iterator[int]:
     name = sandboxes_limit_name()
     limit = ensure_limit(name, SANDBOXES_PER_CORE * (os.cpu_count() or 1))
     held = max(1, min(count, limit))
-    with concurrency(name, occupy=held, strict=True):
+    with concurrency(name, occupy=held, strict=True, lease_duration=SLOT_LEASE_S):
         yield held

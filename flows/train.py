@@ -129,7 +129,7 @@ class TrainSettings:
     update_stand_in_s: float = 0.0
     """Benchmarks only: seconds each update waits before the real one, standing in for the
     update time of a trainer on an accelerator (`benchmarks/async.py`)."""
-    max_concurrent_runs_per_store: int = 1
+    max_concurrent_runs_per_store: int = 2
     """Slots of the store's Prefect limit on training runs (`flows.limits`) when this run
     creates it; a run beyond them waits for a slot. A limit that exists keeps its slots."""
     gate_on_failure: str = "continue"
@@ -428,10 +428,9 @@ class _Submitted:
 
 @flow(name="train", log_prints=False)
 def train(settings: TrainSettings) -> list[IterationSummary]:
-    # One writer per store (`storage.lease`): a run started while another writes waits for the
-    # store's Prefect slot (deployments queue) instead of failing on the lease. The lease is
-    # held already when `run_training` started the flow (then this nests); taken here for a
-    # flow started any other way (a deployment).
+    # The store's Prefect slot (`flows.limits`), then its writer lease (`storage.lease`: one
+    # writer per store). The lease is held already when `run_training` started the flow (then
+    # this nests); it is taken here for a flow started any other way (a deployment).
     with (
         training_run_slot(
             settings.store,

@@ -99,7 +99,7 @@ def test_store_option_follows_rollyard_store(
     assert main(["query", "SELECT count(*) AS n FROM episodes", "--format", "csv"]) == 0
     assert capsys.readouterr().out == "n\n0\n"
     monkeypatch.setenv("ROLLYARD_STORE", str(tmp_path / "absent"))
-    assert main(["query", "SELECT 1"]) == 1
+    assert main(["query", "SELECT 1"]) == 3
     assert "absent" in capsys.readouterr().err
 
 

@@ -80,7 +80,7 @@ def test_bad_output_paths_are_one_line(tmp_path: Path, capsys: pytest.CaptureFix
         (tmp_path / "absent" / "x.duckdb", "does not exist"),
         (tmp_path, "is a directory"),
     ):
-        assert main(["store", "duckdb-file", str(out), "--store", str(tmp_path)]) == 1
+        assert main(["store", "duckdb-file", str(out), "--store", str(tmp_path)]) == 2
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1
 

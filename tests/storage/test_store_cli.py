@@ -47,7 +47,7 @@ def test_vacuum_completes_a_stopped_commit_and_removes_a_lost_one(
 @pytest.mark.parametrize(
     ("argv", "code", "message"),
     [
-        (["--store", "{absent}"], 1, "no store here"),
+        (["--store", "{absent}"], 3, "no store here"),
         (["--retention-hours", "-1"], 2, "must be at least 0"),
         (["--uncommitted-older-than", "soon"], 2, "expected a number"),
     ],
