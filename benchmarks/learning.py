@@ -132,6 +132,7 @@ def grpo_config(seed: int, args: argparse.Namespace) -> GRPOConfig:
         clip_epsilon=args.clip_epsilon,
         epochs=args.epochs,
         target_entropy=args.target_entropy,
+        kl_coef=args.kl_coef,
     )
 
 
@@ -330,6 +331,12 @@ def main() -> None:
         type=float,
         default=defaults.target_entropy,
         help="adapt the entropy bonus's weight toward this mean policy entropy (nats)",
+    )
+    parser.add_argument(
+        "--kl-coef",
+        type=float,
+        default=defaults.kl_coef,
+        help="weight of the penalty on the KL divergence from the pre-update policy",
     )
     parser.add_argument(
         "--families",
