@@ -88,7 +88,9 @@ class GRPOConfig:
     stops pushing a *sampled* action's ratio once it leaves [1-ε, 1+ε], while the candidates not
     sampled move freely with the shared network, so several epochs can move a state's
     distribution far from where its samples said anything. With weight β one update moves each
-    state at most about as far as π_before·exp(A/β). 0 turns it off."""
+    state at most about as far as π_before·exp(A/β). 0 (the default) turns it off: on demo seed 0,
+    β = 0.5 and 2 held the entropy up and slowed learning by as much, neither reaching the
+    unanchored curve in eight iterations (`benchmarks/README.md` § Learning)."""
     max_grad_norm: float = 1.0
     """Gradients are clipped to this global norm."""
     normalize_by_std: bool = True
