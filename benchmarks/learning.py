@@ -132,6 +132,8 @@ def grpo_config(seed: int, args: argparse.Namespace) -> GRPOConfig:
         clip_epsilon=args.clip_epsilon,
         epochs=args.epochs,
         target_entropy=args.target_entropy,
+        entropy_coef_bounds=(args.entropy_coef_bounds[0], args.entropy_coef_bounds[1]),
+        kl_coef=args.kl_coef,
     )
 
 
@@ -330,6 +332,20 @@ def main() -> None:
         type=float,
         default=defaults.target_entropy,
         help="adapt the entropy bonus's weight toward this mean policy entropy (nats)",
+    )
+    parser.add_argument(
+        "--entropy-coef-bounds",
+        type=float,
+        nargs=2,
+        metavar=("LOW", "HIGH"),
+        default=defaults.entropy_coef_bounds,
+        help="bounds of the adapted entropy weight (with --target-entropy)",
+    )
+    parser.add_argument(
+        "--kl-coef",
+        type=float,
+        default=defaults.kl_coef,
+        help="weight of the penalty on the KL divergence from the pre-update policy",
     )
     parser.add_argument(
         "--families",

@@ -4,6 +4,7 @@ checkpoints."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import pickle
 import random
 
@@ -21,6 +22,7 @@ from training.builtin.grpo import (
     GRPOTrainer,
     adapted_entropy_coef,
     clipped_objective,
+    kl_to_reference,
     load_checkpoint,
     step_advantages,
     trial_credits,
@@ -412,3 +414,43 @@ def test_adapted_entropy_coef_round_trips_through_state_dict_and_the_store(tmp_p
     old = GRPOTrainer(CandidateScorerPolicy(seed=3), GRPOConfig())
     old.load_state_dict(old_state)
     assert old.entropy_coef == 0.01
+
+
+def test_kl_to_reference_is_the_exact_divergence_over_all_candidates() -> None:
+    before = torch.tensor([0.5, 0.25, 0.25]).log()
+    after = torch.tensor([0.25, 0.5, 0.25]).log()
+    # KL(before ‖ after) = 0.5 log(0.5/0.25) + 0.25 log(0.25/0.5) + 0 = 0.25 log 2
+    assert float(kl_to_reference([after], [before])) == pytest.approx(0.25 * math.log(2))
+    assert float(kl_to_reference([after, before], [before, before])) == pytest.approx(
+        0.125 * math.log(2)  # the mean over states
+    )
+    assert float(kl_to_reference([before], [before])) == 0.0
+
+
+def test_kl_anchor_holds_the_policy_near_the_one_that_sampled_the_batch() -> None:
+    batch = _toy_batch(CandidateScorerPolicy(seed=5), 0, random.Random(3))
+    records = [s.record for t in batch for s in t.steps if isinstance(s.record, ScorerRecord)]
+    with torch.no_grad():
+        reference = CandidateScorerPolicy(seed=5).distributions_of(records)
+
+    def moved(config: GRPOConfig) -> tuple[float, list[torch.Tensor]]:
+        """How far one update moves the batch's distributions, and where it moves them."""
+        trainer = GRPOTrainer(CandidateScorerPolicy(seed=5), config)
+        trainer.update(batch)
+        with torch.no_grad():
+            after = trainer.policy.distributions_of(records)
+        return float(kl_to_reference(after, reference)), after
+
+    free, _ = moved(GRPOConfig())
+    anchored, _ = moved(GRPOConfig(kl_coef=5.0))
+    assert free > 0.0 and anchored < 0.5 * free
+
+    # The penalty and its gradient are zero at the pre-update policy, so the first optimizer step
+    # is the unanchored one (up to rounding); only later steps are pulled back. (Distributions,
+    # not parameters: the output bias gets no gradient, and Adam scales its rounding noise up.)
+    one_step = GRPOConfig(epochs=1, minibatches=1)
+    _, plain = moved(one_step)
+    _, anchored_one_step = moved(dataclasses.replace(one_step, kl_coef=5.0))
+    assert all(
+        torch.allclose(a, b, atol=1e-6) for a, b in zip(plain, anchored_one_step, strict=True)
+    )

@@ -10,8 +10,9 @@ Read top to bottom like CleanRL's ppo.py:
 3. `GRPOTrainer.update` — for `epochs`
    passes over minibatches it recomputes log π(a|s) from the stored candidate features, forms the
    ratio against the log-probability recorded when the action was sampled, and minimizes
-   -min(ratio·A, clip(ratio, 1-ε, 1+ε)·A) averaged over actions, minus an entropy bonus. With
-   `target_entropy` set, the bonus's weight adapts after each optimizer step toward keeping the
+   -min(ratio·A, clip(ratio, 1-ε, 1+ε)·A) averaged over actions, minus an entropy bonus, plus
+   (with `kl_coef`) a penalty on the KL divergence from the pre-update policy over every
+   candidate of each state (`kl_to_reference`). With `target_entropy` set, the bonus's weight adapts after each optimizer step toward keeping the
    policy's entropy at the target (`adapted_entropy_coef`).
 4. Metrics come back as an `UpdateMetrics` value (`as_dict()` for the store's metrics table);
    `state_dict()` holds policy + optimizer (and the adapted entropy weight) for checkpoints.
@@ -37,7 +38,7 @@ from training.advantages import (
     group_advantages,
     teaching_members,
 )
-from training.builtin.scorer_policy import CandidateScorerPolicy
+from training.builtin.scorer_policy import CandidateScorerPolicy, chosen_and_entropies
 from training.errors import TrainerError
 from training.policy import ScorerRecord
 from training.trainer import Trainer
@@ -80,6 +81,16 @@ class GRPOConfig:
     entropy_coef_bounds: tuple[float, float] = (1e-3, 0.1)
     """The adapted weight stays within these; the upper bound keeps the bonus from outweighing
     the advantages (of order 1): at 1.0 it reset a policy that had learned to near-uniform."""
+    kl_coef: float = 0.0
+    """Weight of a penalty on KL(π_before ‖ π) — the divergence of the policy from the one that
+    sampled the batch (the pre-update policy), summed over every candidate of each state and
+    averaged over the actions trained on. An anchor for the whole distribution: the PPO clip only
+    stops pushing a *sampled* action's ratio once it leaves [1-ε, 1+ε], while the candidates not
+    sampled move freely with the shared network, so several epochs can move a state's
+    distribution far from where its samples said anything. With weight β one update moves each
+    state at most about as far as π_before·exp(A/β). 0 (the default) turns it off: on demo seed 0,
+    β = 0.5 and 2 held the entropy up and slowed learning by as much, neither reaching the
+    unanchored curve in eight iterations (`benchmarks/README.md` § Learning)."""
     max_grad_norm: float = 1.0
     """Gradients are clipped to this global norm."""
     normalize_by_std: bool = True
@@ -220,6 +231,18 @@ def clipped_objective(
     return loss, approx_kl, clip_fraction
 
 
+def kl_to_reference(
+    distributions: Sequence[torch.Tensor], reference: Sequence[torch.Tensor]
+) -> torch.Tensor:
+    """Mean over states of KL(reference ‖ distribution), both as log-probability vectors over a
+    state's candidates: exact, not a sampled estimate (a state has a few dozen candidates)."""
+    divergences = [
+        (before.exp() * (before - after)).sum()
+        for after, before in zip(distributions, reference, strict=True)
+    ]
+    return torch.stack(divergences).mean()
+
+
 def adapted_entropy_coef(coef: float, entropy: float, config: GRPOConfig) -> float:
     """The entropy weight after one optimizer step that measured `entropy`: moved in log space by
     `entropy_coef_rate * (target_entropy - entropy)` (up below the target, down above it) and
@@ -295,6 +318,10 @@ class GRPOTrainer(Trainer):
         reward_tensor = torch.tensor(rewards, dtype=torch.float64)
         passed = [t for t in trajectories if t.trainable and t.passed]
 
+        reference: list[torch.Tensor] = []
+        if samples and config.kl_coef > 0.0:
+            with torch.no_grad():
+                reference = self.policy.distributions_of([s.record for s in samples])
         loss_value = policy_loss_value = entropy_value = kl_value = clip_value = grad_value = 0.0
         optimizer_steps = 0
         if samples:
@@ -305,8 +332,11 @@ class GRPOTrainer(Trainer):
                 epoch_kl, epoch_clip, epoch_count = 0.0, 0.0, 0
                 for start in range(0, len(episode_ids), chunk):
                     members = set(episode_ids[start : start + chunk])
-                    batch = [s for s in samples if s.episode_id in members]
-                    new_logprobs, entropies = self.policy.log_probs_of([s.record for s in batch])
+                    positions = [i for i, s in enumerate(samples) if s.episode_id in members]
+                    batch = [samples[i] for i in positions]
+                    records = [s.record for s in batch]
+                    distributions = self.policy.distributions_of(records)
+                    new_logprobs, entropies = chosen_and_entropies(distributions, records)
                     old_logprobs = torch.tensor([s.old_logprob for s in batch])
                     batch_advantages = torch.tensor([s.advantage for s in batch])
                     policy_loss, approx_kl, clip_fraction = clipped_objective(
@@ -314,6 +344,10 @@ class GRPOTrainer(Trainer):
                     )
                     entropy = entropies.mean()
                     loss = policy_loss - self.entropy_coef * entropy
+                    if reference:
+                        loss = loss + config.kl_coef * kl_to_reference(
+                            distributions, [reference[i] for i in positions]
+                        )
                     self.optimizer.zero_grad()
                     loss.backward()  # type: ignore[no-untyped-call]
                     grad_norm = torch.nn.utils.clip_grad_norm_(

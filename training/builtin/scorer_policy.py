@@ -114,9 +114,9 @@ class CandidateScorerPolicy(Policy):
 
     # -- what the trainer uses -------------------------------------------------------------------
 
-    def log_probs_of(self, records: list[ScorerRecord]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probabilities (with gradient) of the chosen candidates, and the entropies of the
-        distributions they were chosen from, one per record — batched in one forward pass."""
+    def distributions_of(self, records: list[ScorerRecord]) -> list[torch.Tensor]:
+        """Log-probabilities (with gradient) over each record's candidates, one vector per
+        record — batched in one forward pass."""
         for record in records:
             if len(record.features[0]) != FEATURE_COUNT:
                 raise TrainerError(
@@ -129,12 +129,15 @@ class CandidateScorerPolicy(Policy):
             [row for record in records for row in record.features], dtype=torch.float32
         )
         logits = self.network(flat)
-        chosen, entropies = [], []
-        for offset, size, record in zip(_offsets(sizes), sizes, records, strict=True):
-            log_probs = torch.log_softmax(logits[offset : offset + size], dim=-1)
-            chosen.append(log_probs[record.chosen_index])
-            entropies.append(-(log_probs.exp() * log_probs).sum())
-        return torch.stack(chosen), torch.stack(entropies)
+        return [
+            torch.log_softmax(logits[offset : offset + size], dim=-1)
+            for offset, size in zip(_offsets(sizes), sizes, strict=True)
+        ]
+
+    def log_probs_of(self, records: list[ScorerRecord]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probabilities (with gradient) of the chosen candidates, and the entropies of the
+        distributions they were chosen from, one per record."""
+        return chosen_and_entropies(self.distributions_of(records), records)
 
     def mark_updated(self) -> None:
         """Called by the trainer after each optimizer step: the version changes with the
@@ -202,6 +205,19 @@ class CandidateScorerPolicy(Policy):
         self.__init__(ScorerConfig(**loaded["config"]))  # type: ignore[misc]
         self.load_state_dict(loaded)
         self._generator.set_state(state["generator"])
+
+
+def chosen_and_entropies(
+    distributions: list[torch.Tensor], records: list[ScorerRecord]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """From `CandidateScorerPolicy.distributions_of`: the log-probability of each record's chosen
+    candidate, and each distribution's entropy."""
+    chosen = [
+        log_probs[record.chosen_index]
+        for log_probs, record in zip(distributions, records, strict=True)
+    ]
+    entropies = [-(log_probs.exp() * log_probs).sum() for log_probs in distributions]
+    return torch.stack(chosen), torch.stack(entropies)
 
 
 def _offsets(sizes: list[int]) -> list[int]:
