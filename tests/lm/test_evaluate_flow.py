@@ -155,7 +155,10 @@ def test_evaluate_an_openai_policy_through_the_real_flow(
 
     # The export reads the committed episodes back from the store: the token ids it carries are
     # the ones stored.
-    result = export_store(evaluated.store, tmp_path / "verl", export_format="verl")
+    # Every episode, masked or not: an evaluation of a tiny model may give a group no signal.
+    result = export_store(
+        evaluated.store, tmp_path / "verl", export_format="verl", include_masked=True
+    )
     rows = pq.read_table(result.path).to_pylist()
     assert len(rows) == SAMPLES and rows[0]["data_source"] == "rollyard/demo"
     info = rows[0]["extra_info"]

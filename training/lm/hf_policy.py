@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,17 @@ def weights_digest(model_dir: str | Path) -> str:
     return _weights_digest(str(where), stamp)
 
 
+_LOADING = threading.Lock()
+"""Episodes in flight share a worker's threads: the first load runs alone, since transformers'
+lazy imports are not thread-safe (two threads importing `AutoModelForCausalLM` at once fail
+with ImportError) and the cache below would otherwise load the model once per thread."""
+
+
+def _generator(model_dir: str, digest: str) -> LocalGenerator:
+    with _LOADING:
+        return _load_generator(model_dir, digest)
+
+
 @functools.lru_cache(maxsize=2)
 def _load_generator(model_dir: str, digest: str) -> LocalGenerator:
     del digest  # part of the cache key: changed weights load again
@@ -83,7 +95,7 @@ class HFPolicy(ChatPolicy):
         return f"hf:{self.model_name}@{weights_digest(self.model_dir)[:12]}"
 
     def generator(self) -> LocalGenerator:
-        return _load_generator(str(Path(self.model_dir).resolve()), weights_digest(self.model_dir))
+        return _generator(str(Path(self.model_dir).resolve()), weights_digest(self.model_dir))
 
     def complete(self, messages: list[dict[str, Any]], *, seed: int | None) -> ChatTurn:
         from training.errors import ContextLengthError
