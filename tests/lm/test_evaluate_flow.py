@@ -160,7 +160,7 @@ def test_evaluate_an_openai_policy_through_the_real_flow(
         evaluated.store, tmp_path / "verl", export_format="verl", include_masked=True
     )
     rows = pq.read_table(result.path).to_pylist()
-    assert len(rows) == SAMPLES and rows[0]["data_source"] == "rollyard/demo"
+    assert len(rows) == SAMPLES and rows[0]["data_source"].startswith("rollyard/demo")
     info = rows[0]["extra_info"]
     stored = evaluated.store.query(
         "SELECT token_ids FROM steps WHERE episode_id = ? AND token_ids IS NOT NULL ORDER BY step",
