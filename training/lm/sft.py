@@ -15,8 +15,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import shlex
-import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -36,6 +34,7 @@ from training.episode import EpisodeConfig
 from training.errors import TrainingSettingsError
 from training.lm.conversation import SYSTEM_PROMPT, TOOL_SCHEMAS
 from training.lm.tiny import Transcript, fine_tune_on_transcripts
+from training.lm.weights import write_atomically
 from training.policy import ScriptedPolicy
 from training.recovery import RecoveryPolicy, run_episode_with_recovery
 from training.trajectory import EpisodeKey, Trajectory
@@ -225,17 +224,12 @@ def fine_tune(
             seed=settings.seed,
             threads=None,
         )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-    try:
-        model.save_pretrained(partial)
-        tokenizer.save_pretrained(partial)
-        if out.exists():
-            out.rmdir()
-        partial.rename(out)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
+
+    def write(directory: Path) -> None:
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+
+    write_atomically(out, write)
     return losses, assistant_tokens
 
 

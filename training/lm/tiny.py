@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from training.errors import ModelDirError
+from training.lm.weights import write_atomically
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -188,17 +189,11 @@ def build_tiny_model(
     model.generation_config.pad_token_id = config.pad_token_id
     model.generation_config.bos_token_id = None
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-    try:
-        model.save_pretrained(partial)
-        tokenizer.save_pretrained(partial)
-        if out.exists():
-            out.rmdir()
-        partial.rename(out)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
+    def write(directory: Path) -> None:
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+
+    write_atomically(out, write)
     return out
 
 
