@@ -87,8 +87,13 @@ class Problem:
     partition: tuple[tuple[str, str], ...] = ()
     """The file's partition values as the log records them."""
 
+    @property
+    def repair_action(self) -> str:
+        """What `repair_store` does about it (or that it cannot)."""
+        return _REPAIR_SAYS[self.kind]
+
     def line(self) -> str:
-        return f"{self.kind}: {self.path}: {self.detail}; {_REPAIR_SAYS[self.kind]}"
+        return f"{self.kind}: {self.path}: {self.detail}; {self.repair_action}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,12 +6,15 @@ from __future__ import annotations
 import argparse
 import sys
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flows.cli import add_store_option, int_between, non_negative_int, positive_float
 from flows.errors import CliError
 from flows.output import add_format_option, emit, note
 from rollyard.errors import EXIT_DAMAGED, EXIT_USAGE
+
+if TYPE_CHECKING:
+    from storage.fsck import Problem
 
 
 def register(subparsers: Any) -> None:
@@ -76,12 +79,13 @@ def register(subparsers: Any) -> None:
             "Read every table's log and check the files it references (present, of the "
             "recorded size, a Parquet footer that reads and holds the recorded rows), data files "
             "no commit references, steps of shards never committed, checkpoint blobs and a "
-            "stale writer lease. Prints one line per problem and what repair does about it; "
-            "exits 4 when it found any. Reads only."
+            "stale writer lease. Prints one row per problem (kind, table, path, detail and what "
+            "repair does about it), a summary on stderr; exits 4 when it found any. Reads only."
         ),
     )
     add_store_option(check)
     _grace_option(check)
+    add_format_option(check)
     check.set_defaults(handler=check_command)
 
     repair = commands.add_parser(
@@ -91,7 +95,9 @@ def register(subparsers: Any) -> None:
             "Run the check, show what will be done and, once confirmed, remove damaged and "
             "uncommitted files from their tables (a Delta remove action), move them and every "
             "orphan file into quarantine/<time>/ under the store (nothing is deleted) and remove "
-            "a stale writer lease. Holds the writer lease meanwhile: refused while a run writes."
+            "a stale writer lease. Holds the writer lease meanwhile: refused while a run writes. "
+            "Prints one row per problem fixed and per problem left (outcome `fixed` or "
+            "`remaining`); exits 4 when any is left."
         ),
     )
     add_store_option(repair)
@@ -99,6 +105,7 @@ def register(subparsers: Any) -> None:
         "--yes", action="store_true", help="do not ask for confirmation (default: ask)"
     )
     _grace_option(repair)
+    add_format_option(repair)
     repair.set_defaults(handler=repair_command)
 
     database = commands.add_parser(
@@ -213,6 +220,18 @@ def _grace_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _problem_row(problem: Problem, outcome: str | None = None) -> dict[str, Any]:
+    """A `store check`/`store repair` result row: the problem and what repair does about it."""
+    row: dict[str, Any] = {} if outcome is None else {"outcome": outcome}
+    return row | {
+        "kind": problem.kind,
+        "table": problem.table,
+        "path": problem.path,
+        "detail": problem.detail,
+        "repair": problem.repair_action,
+    }
+
+
 def check_command(args: argparse.Namespace) -> int:
     from storage import StoreError
     from storage.fsck import check_store
@@ -222,18 +241,18 @@ def check_command(args: argparse.Namespace) -> int:
     except StoreError as error:
         raise CliError(str(error), error.exit_code) from error
     for problem in report.problems:
-        print(problem.line())
+        emit(_problem_row(problem))
     if report.writer is not None:
-        print(
+        note(
             f"a writer is active ({report.writer.describe()}): its files in flight were not "
             "judged; check again once it is done"
         )
     if report.left_alone:
-        print(f"{report.left_alone} unreferenced file(s) too recent to judge were left alone")
+        note(f"{report.left_alone} unreferenced file(s) too recent to judge were left alone")
     if report.ok:
-        print(f"{report.root}: no problems in {report.files_checked} data file(s)")
+        note(f"{report.root}: no problems in {report.files_checked} data file(s)")
         return 0
-    print(
+    note(
         f"{report.root}: {len(report.problems)} problem(s) in {report.files_checked} data "
         f"file(s); run `rollyard store repair --store {args.store}` to fix what can be fixed"
     )
@@ -249,11 +268,9 @@ def repair_command(args: argparse.Namespace) -> int:
         fixable = [p for p in planned.problems if p.kind in REPAIRABLE_KINDS]
         if not fixable:
             for problem in planned.problems:
-                print(problem.line())
-            print(f"{planned.root}: nothing repair can fix")
+                emit(_problem_row(problem, "remaining"))
+            note(f"{planned.root}: nothing repair can fix")
             return 0 if planned.ok else EXIT_DAMAGED
-        for problem in fixable:
-            print(problem.line())
         if not args.yes:
             if not sys.stdin.isatty():
                 raise CliError(
@@ -261,15 +278,20 @@ def repair_command(args: argparse.Namespace) -> int:
                     "running at a terminal",
                     EXIT_USAGE,
                 )
+            # The plan is for the person answering, on the terminal; the rows say what was done.
+            for problem in fixable:
+                note(problem.line())
             answer = input(f"repair these {len(fixable)} problem(s)? [y/N] ")
             if answer.strip().lower() not in ("y", "yes"):
-                print("nothing changed")
+                note("nothing changed")
                 return EXIT_DAMAGED
         result = repair_store(args.store, in_flight_grace_s=args.grace_s)
     except StoreError as error:
         raise CliError(str(error), error.exit_code) from error
-    moved = f"; files moved to {result.quarantine}" if result.quarantine else ""
-    print(f"repaired {len(result.fixed)} problem(s){moved}")
+    for problem in result.fixed:
+        emit(_problem_row(problem, "fixed"))
     for problem in result.after.problems:
-        print(problem.line())
+        emit(_problem_row(problem, "remaining"))
+    moved = f"; files moved to {result.quarantine}" if result.quarantine else ""
+    note(f"repaired {len(result.fixed)} problem(s){moved}")
     return 0 if result.after.ok else EXIT_DAMAGED

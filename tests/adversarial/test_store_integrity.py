@@ -5,12 +5,16 @@ that nothing was written where the command was refused."""
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,6 +39,11 @@ def rollyard(*args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=COMMAND_TIMEOUT_S,
     )
+
+
+def rows_of(result: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
+    """The result rows a `--format json` command printed (JSON lines)."""
+    return [json.loads(line) for line in result.stdout.splitlines()]
 
 
 def one_line_error(result: subprocess.CompletedProcess[str], exit_code: int, phrase: str) -> None:
@@ -166,10 +175,14 @@ def test_a_killed_writers_lease_is_taken_over(store: TrajectoryStore) -> None:
     state = inspect(root)
     assert state.exists and not state.held and state.holder is not None
     assert state.holder.pid == holder.pid
-    check = rollyard("store", "check", "--store", str(root))
-    assert check.returncode == 4 and f"stale_lease: writer.lease: left by pid {holder.pid}" in (
-        check.stdout
+    check = rollyard("store", "check", "--store", str(root), "--format", "json")
+    assert check.returncode == 4, check.stdout + check.stderr
+    [row] = rows_of(check)
+    assert (row["kind"], row["table"], row["path"]) == ("stale_lease", "-", "writer.lease")
+    assert (
+        row["detail"].startswith(f"left by pid {holder.pid} ") and "'run-holder'" in row["detail"]
     )
+    assert row["repair"] == "repair removes the lease file"
     with writer_lease(root, run_id="next") as stale:
         assert stale is not None and stale.pid == holder.pid and stale.run_id == "run-holder"
     assert rollyard("store", "check", "--store", str(root)).returncode == 0
@@ -206,21 +219,30 @@ def test_check_finds_and_repair_fixes_what_crashes_left_losing_nothing(
 
     # A writer that does not take the lease could still commit recent files: left alone.
     cautious = rollyard("store", "check", "--store", str(root))
-    assert cautious.returncode == 4 and "truncated: steps/" in cautious.stdout
-    assert "orphan" not in cautious.stdout and "left alone" in cautious.stdout
+    assert cautious.returncode == 4, cautious.stdout + cautious.stderr
+    # the default table: a header, one row per problem, the row count; the summary on stderr
+    header, _rule, *table, count = cautious.stdout.splitlines()
+    assert header.split() == ["kind", "table", "path", "detail", "repair"]
+    assert [line.split()[0] for line in table] == ["truncated"] and count == "(1 row)"
+    assert "left alone" in cautious.stderr and "1 problem(s)" in cautious.stderr
 
-    check = rollyard("store", "check", "--store", str(root), "--grace-s", "0")
+    check = rollyard("store", "check", "--store", str(root), "--grace-s", "0", "--format", "csv")
     assert check.returncode == 4, check.stdout + check.stderr
-    found = [line.split(": ")[:2] for line in check.stdout.splitlines()[:-1]]
+    found = [(row["kind"], row["path"]) for row in csv.DictReader(io.StringIO(check.stdout))]
     # The killed writer had written its episodes file too (files go before the commits).
     assert sorted(kind for kind, _ in found) == ["orphan", "orphan", "truncated", "uncommitted"]
-    assert ["orphan", orphan.relative_to(root).as_posix()] in found
-    assert ["truncated", damaged.relative_to(root).as_posix()] in found
-    assert "4 problem(s)" in check.stdout
+    assert ("orphan", orphan.relative_to(root).as_posix()) in found
+    assert ("truncated", damaged.relative_to(root).as_posix()) in found
+    assert "4 problem(s)" in check.stderr
 
-    repair = rollyard("store", "repair", "--store", str(root), "--grace-s", "0", "--yes")
+    repair = rollyard(
+        "store", "repair", "--store", str(root), "--grace-s", "0", "--yes", "--format", "json"
+    )
     assert repair.returncode == 0, repair.stdout + repair.stderr
-    assert "repaired 4 problem(s)" in repair.stdout
+    repaired = rows_of(repair)
+    assert {row["outcome"] for row in repaired} == {"fixed"}
+    assert sorted((row["kind"], row["path"]) for row in repaired) == sorted(found)
+    assert "repaired 4 problem(s)" in repair.stderr
     # Nothing lost: every file is in the quarantine, byte for byte, under its own path.
     (quarantine,) = (root / "quarantine").iterdir()
     moved = quarantine / damaged.relative_to(root)
