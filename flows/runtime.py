@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -36,8 +37,10 @@ QUIET_ENV = {
     "DASK_LOGGING__DISTRIBUTED": "warning",
     "PREFECT_LOGGING_LOGGERS_DISTRIBUTED_LEVEL": "WARNING",
 }
-# A first start (database migrations) has taken over 2 minutes on a busy 2-core machine.
-SERVER_START_TIMEOUT_S = 300.0
+# How long a server process that is still alive may take to answer. A start took 5 minutes on a
+# 2-core machine at load 19 for a process at nice 15 (most of it waiting for a core, not work:
+# about 7 CPU seconds from a template database); waiting costs nothing while it lives.
+SERVER_START_TIMEOUT_S = 900.0
 
 
 def quiet_environment() -> None:
@@ -92,21 +95,28 @@ def stable_port(first: int = PREFECT_DEFAULT_PORT) -> int:
 
 def _healthy(api_url: str) -> bool:
     try:
-        with urllib.request.urlopen(f"{api_url}/health", timeout=2) as response:
+        with urllib.request.urlopen(f"{api_url}/health", timeout=5) as response:
             return bool(response.status == 200)
     except OSError:
         return False
 
 
+def _served_home(api_url: str) -> Path | None:
+    """The Prefect home of the server at `api_url`, None when it does not say in time (a server
+    just started on a busy machine can take longer than this to answer)."""
+    try:
+        with urllib.request.urlopen(f"{api_url}/admin/settings", timeout=10) as response:
+            served = json.load(response).get("home")
+    except (OSError, ValueError):
+        return None
+    return None if served is None else Path(served)
+
+
 def _serves_home(api_url: str, home: Path) -> bool:
     """Is the server at `api_url` the one whose database lives in `home`? Another process may
     have taken the same port between the probe and the bind; its server answers /health too."""
-    try:
-        with urllib.request.urlopen(f"{api_url}/admin/settings", timeout=5) as response:
-            served = json.load(response).get("home")
-    except (OSError, ValueError):
-        return False
-    return served is not None and Path(served).resolve() == home.resolve()
+    served = _served_home(api_url)
+    return served is not None and served.resolve() == home.resolve()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -160,6 +170,7 @@ class LocalPrefectServer:
         with open(self.home / "server-start.lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
+                seed_database(self.home)
                 return self._start(timeout_s)
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
@@ -179,14 +190,11 @@ class LocalPrefectServer:
     def _launch_and_wait(self, timeout_s: float) -> bool:
         """Launch on `self.port`; True once it answers as this home's server, False when the
         port turned out to be taken."""
-        prefect = shutil.which("prefect", path=str(Path(sys.executable).parent)) or "prefect"
-        env = {**os.environ, **QUIET_ENV, "PREFECT_HOME": str(self.home)}
-        env.pop("PREFECT_API_URL", None)
         log = (self.home / "server.log").open("ab")
         self._process = subprocess.Popen(
             [
                 *([] if self.detached else _DIE_WITH_PARENT),
-                prefect,
+                _prefect_executable(),
                 "server",
                 "start",
                 "--host",
@@ -195,7 +203,7 @@ class LocalPrefectServer:
                 str(self.port),
                 "--analytics-off",
             ],
-            env=env,
+            env=_server_environment(self.home),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -205,10 +213,14 @@ class LocalPrefectServer:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if _healthy(self.api_url):
-                if _serves_home(self.api_url, self.home):
+                served = _served_home(self.api_url)
+                if served is not None and served.resolve() == self.home.resolve():
                     return True
-                self.stop()  # someone else's server on this port
-                return False
+                if served is not None:
+                    self.stop()  # someone else's server on this port
+                    return False
+                # No answer yet: under load this server's first answers are slow. Stopping it
+                # here would throw away its start-up (database migrations) for nothing.
             if self._process.poll() is not None:
                 if not _port_is_free(self.port):
                     return False
@@ -249,6 +261,101 @@ class LocalPrefectServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _prefect_executable() -> str:
+    return shutil.which("prefect", path=str(Path(sys.executable).parent)) or "prefect"
+
+
+def _server_environment(home: Path) -> dict[str, str]:
+    """The environment of a `prefect` command acting on the server whose home is `home`."""
+    env = {**os.environ, **QUIET_ENV, "PREFECT_HOME": str(home)}
+    env.pop("PREFECT_API_URL", None)
+    return env
+
+
+# -- the database a new server home starts from ---------------------------------------------
+#
+# A server in a new home first runs Prefect's ~120 database migrations (SQLite table rebuilds):
+# half of a first start's work (about 8 of 16 CPU seconds), over two minutes of wall time on a
+# busy 2-core machine. Every new store, test session and `rollyard server start` pays it again
+# for the same schema. So the migrations run once per installed Prefect version, into a template
+# in rollyard's cache, and a new home starts from a copy; the server still checks the schema at
+# start and migrates whatever the copy lacks.
+
+PREFECT_DATABASE_FILE = "prefect.db"
+"""Prefect's own SQLite database file name in its home (its default connection URL)."""
+_DATABASE_URL_VARIABLES = (
+    "PREFECT_API_DATABASE_CONNECTION_URL",
+    "PREFECT_SERVER_DATABASE_CONNECTION_URL",
+)
+TEMPLATE_BUILD_TIMEOUT_S = 900.0
+
+
+def prefect_database_template() -> Path:
+    """The template database: empty, migrated to the installed Prefect's schema by Prefect's
+    own `prefect server database upgrade`; built on first use (install runs it once)."""
+    from importlib.metadata import version
+
+    from rollyard.settings import cache_root
+
+    cache = cache_root() / "prefect"
+    template = cache / f"prefect-{version('prefect')}.db"
+    if template.is_file():
+        return template
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache, prefix="build-") as build:
+        try:
+            result = subprocess.run(
+                [_prefect_executable(), "server", "database", "upgrade", "--yes"],
+                env=_server_environment(Path(build)),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=TEMPLATE_BUILD_TIMEOUT_S,
+            )
+        except subprocess.TimeoutExpired:
+            raise PrefectServerError(
+                f"migrating a new Prefect database took over {TEMPLATE_BUILD_TIMEOUT_S:.0f} s"
+            ) from None
+        built = Path(build) / PREFECT_DATABASE_FILE
+        if result.returncode != 0 or not built.is_file():
+            lines = (result.stderr or result.stdout).strip().splitlines() or ["no output"]
+            raise PrefectServerError(
+                f"`prefect server database upgrade` failed ({lines[-1].strip()})"
+            )
+        # Two builders at once each write their own file; the last rename wins, both are whole.
+        partial = template.with_name(f"{template.name}.{os.getpid()}.tmp")
+        _copy_database(built, partial)
+        partial.replace(template)
+    return template
+
+
+def seed_database(home: Path) -> None:
+    """Give a new server home a copy of the template database; a home that has a database, or
+    whose server is configured to use another database, is left as it is."""
+    target = Path(home) / PREFECT_DATABASE_FILE
+    if target.exists() or any(os.environ.get(name) for name in _DATABASE_URL_VARIABLES):
+        return
+    partial = target.with_name(f"{target.name}.tmp")
+    _copy_database(prefect_database_template(), partial)
+    partial.replace(target)
+
+
+def _copy_database(source: Path, target: Path) -> None:
+    """A consistent copy of a SQLite database (its write-ahead log included)."""
+    import sqlite3
+
+    target.unlink(missing_ok=True)
+    reader = sqlite3.connect(f"file:{source}?mode=ro", uri=True)
+    try:
+        writer = sqlite3.connect(target)
+        try:
+            reader.backup(writer)
+        finally:
+            writer.close()
+    finally:
+        reader.close()
 
 
 def _terminate_group(pid: int, timeout_s: float = 15.0) -> None:
@@ -424,6 +531,38 @@ def local_cluster_kwargs(
         "dashboard_address": DASK_DASHBOARD_ADDRESS if on else None,
         "preload": [WORKER_PRELOAD],
     }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClusterAddresses:
+    """Where a Dask cluster's scheduler and dashboard are (no dashboard: None)."""
+
+    scheduler_address: str
+    dashboard_link: str | None
+
+
+@contextlib.contextmanager
+def local_cluster(workers: int, dask_address: str | None) -> Iterator[ClusterAddresses]:
+    """The running scheduler at `dask_address`, else a LocalCluster of `workers` processes
+    (`local_cluster_kwargs`) for the block: started before the flow, so its addresses are known
+    (and printed) before the first task runs."""
+    import warnings
+
+    from distributed import Client, LocalCluster
+
+    if dask_address:
+        with Client(dask_address, timeout="60s") as client:
+            has_dashboard = "dashboard" in client.scheduler_info().get("services", {})
+            link = client.dashboard_link if has_dashboard else None
+        yield ClusterAddresses(dask_address, link)
+        return
+    with warnings.catch_warnings():
+        # "Port 8787 is already in use ... Hosting the HTTP server on port N instead": the
+        # address actually taken is reported with the cluster's other addresses.
+        warnings.filterwarnings("ignore", message="Port .* is already in use", category=UserWarning)
+        cluster = LocalCluster(**local_cluster_kwargs(workers))
+    with cluster:
+        yield ClusterAddresses(str(cluster.scheduler_address), cluster.dashboard_link or None)
 
 
 def dask_task_runner(workers: int, dask_address: str | None) -> Any:

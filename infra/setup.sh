@@ -27,3 +27,6 @@ fi
 # The default editable mode: rollyard's Dask workers take their scratch directory (which holds a
 # `storage/` folder) off sys.path (flows/dask_worker.py), so nothing shadows the packages.
 "$venv/bin/python" -m pip install -q -e ".[dev]"
+# The empty Prefect database each new Prefect server home starts from: Prefect's own migrations,
+# run once per installed Prefect version (flows/runtime.py, prefect_database_template).
+"$venv/bin/python" -c "from flows.runtime import prefect_database_template as t; t()"

@@ -50,6 +50,10 @@ class RollyardSettings(BaseSettings):
         validation_alias=AliasChoices("ROLLYARD_OPENAI_API_KEY", "OPENAI_API_KEY"),
     )
     """`ROLLYARD_OPENAI_API_KEY`, else `OPENAI_API_KEY`: the key an `openai:` policy sends."""
+    cache_dir: Path | None = None
+    """`ROLLYARD_CACHE_DIR`: where rollyard keeps what it can rebuild (the Prefect database
+    template, reproduced Harbor workspaces); default `$XDG_CACHE_HOME/rollyard`, else
+    `~/.cache/rollyard` (`cache_root`)."""
     reviewer: str | None = None
     """`ROLLYARD_REVIEWER`: who `rollyard review` records as the reviewer (default: the user)."""
     gate: dict[str, str] = Field(default_factory=dict)
@@ -110,3 +114,14 @@ def store_root(default: str | None = None) -> str:
     if default is None or "store" in current.model_fields_set:
         return current.store
     return default
+
+
+def cache_root() -> Path:
+    """Where rollyard keeps what it can rebuild: `ROLLYARD_CACHE_DIR`, else
+    `$XDG_CACHE_HOME/rollyard`, else `~/.cache/rollyard`."""
+    configured = settings().cache_dir
+    if configured is not None:
+        return configured
+    # XDG_CACHE_HOME is the desktop standard's variable, not a rollyard setting.
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "rollyard"

@@ -27,6 +27,7 @@ from pathlib import Path, PurePosixPath
 
 from packaging.requirements import InvalidRequirement, Requirement
 
+from rollyard.settings import cache_root
 from tasks_lib.format.harbor import HarborConfig, NetworkPolicy
 
 LOCAL_PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -310,13 +311,6 @@ def read_local_image(dockerfile: Path) -> LocalImage | Refusal:
     """The Dockerfile as the local environment reproduces it, or why it cannot."""
     found = read_dockerfile(dockerfile)
     return found.broken or found.local_problem or found.image
-
-
-def cache_root() -> Path:
-    """Where reproduced workspaces are kept: `$ROLLYARD_CACHE_DIR`, else ~/.cache/rollyard."""
-
-    configured = os.environ.get("ROLLYARD_CACHE_DIR")
-    return Path(configured) if configured else Path.home() / ".cache" / "rollyard"
 
 
 def image_workspace(context_dir: Path, image: LocalImage) -> Path:
