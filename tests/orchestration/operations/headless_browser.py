@@ -77,21 +77,36 @@ class Browser:
         )
         return str(result["result"].get("value", ""))
 
+    def deep_text(self) -> str:
+        """The page's text including what web components keep in shadow roots (Bokeh 3 renders
+        every widget there, out of reach of `text`)."""
+        return str(self.evaluate(_DEEP_TEXT) or "")
+
+    def bokeh_models(self) -> dict[str, list[str]]:
+        """What the page's Bokeh documents show: the plot titles and the `name` column values
+        of their data sources (a Dask dashboard's task stream names its tasks there); empty
+        until Bokeh has received its document."""
+        found = self.evaluate(_BOKEH_MODELS)
+        return dict(found) if found else {"titles": [], "names": []}
+
     def evaluate(self, expression: str) -> Any:
         return self._call("Runtime.evaluate", expression=expression, returnByValue=True)[
             "result"
         ].get("value")
 
-    def wait_for_text(self, *needles: str, timeout_s: float = 60.0) -> str:
-        """Poll the rendered text until it holds every needle; returns it."""
+    def wait_for_text(self, *needles: str, timeout_s: float = 60.0, after: str = "") -> str:
+        """Poll the rendered text until it holds every needle (in the part after the first
+        `after`, when given: a list below its heading); returns that part."""
         deadline = time.monotonic() + timeout_s
         while True:
             text = self.text()
-            missing = [n for n in needles if n not in text]
+            part = text.split(after, 1)[1] if after and after in text else ("" if after else text)
+            missing = [n for n in needles if n not in part]
             if not missing:
-                return text
+                return part
             assert time.monotonic() < deadline, (
-                f"page never showed {missing}; it shows:\n{text[:3000]}"
+                f"page never showed {missing}{f' after {after!r}' if after else ''}; "
+                f"it shows:\n{text[:3000]}"
             )
             time.sleep(0.5)
 
@@ -109,6 +124,29 @@ class Browser:
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait()
+
+
+_DEEP_TEXT = """(() => {
+  const parts = [];
+  const walk = (node) => {
+    if (node.nodeType === Node.TEXT_NODE) { parts.push(node.textContent); return; }
+    if (node.nodeName === "STYLE" || node.nodeName === "SCRIPT") return;
+    if (node.shadowRoot) walk(node.shadowRoot);
+    node.childNodes.forEach(walk);
+  };
+  walk(document.body);
+  return parts.join(" ").replace(/\\s+/g, " ");
+})()"""
+
+_BOKEH_MODELS = """(() => {
+  if (!window.Bokeh || !Bokeh.documents.length) return null;
+  const titles = [], names = new Set();
+  for (const doc of Bokeh.documents) for (const model of doc.all_models) {
+    if (model.type === "Title" && model.text) titles.push(model.text);
+    if (model.data && model.data.name) for (const name of model.data.name) names.add(String(name));
+  }
+  return {titles: titles, names: Array.from(names)};
+})()"""
 
 
 def colours_in(png: Path) -> int:
