@@ -445,7 +445,11 @@ def train(settings: TrainSettings) -> list[IterationSummary]:
 
 
 def _train_iterations(settings: TrainSettings) -> list[IterationSummary]:
+    from prefect.runtime import flow_run
+
     logger = get_run_logger()
+    if flow_run.ui_url:
+        _report("flow_run", url=flow_run.ui_url)
     # Before any episode and any write: the spec, a trainer for it, a server that answers.
     policy = check_training_policy(settings.policy, trainer_model=settings.trainer_model)
     store = TrajectoryStore(settings.store)
@@ -624,19 +628,24 @@ def run_training(
     and a Dask LocalCluster of `workers` processes unless `dask_address` names a scheduler."""
     import dask
 
-    from flows.runtime import dask_task_runner, prefect_api, prefect_home_for
+    from flows.runtime import dask_task_runner, local_cluster, prefect_api, prefect_home_for
 
     # A shard is rescheduled when its worker dies; Dask gives up after `allowed-failures` deaths
     # of the same task (default 3). Shards are idempotent, so allow more before failing a run.
     dask.config.set({"distributed.scheduler.allowed-failures": WORKER_DEATHS_PER_SHARD})
     preflight(settings)
-    runner = dask_task_runner(workers, dask_address)
     # The lease comes before the Prefect server: its database lives under the store, and two
-    # servers must not initialise it at once.
+    # servers must not initialise it at once. The cluster comes after it: its worker processes
+    # inherit the server's URL.
     with (
         writer_lease(settings.store, run_id=settings.run_id),
-        prefect_api(prefect_home_for(settings.store)),
+        prefect_api(prefect_home_for(settings.store)) as api_url,
+        local_cluster(workers, dask_address) as cluster,
     ):
+        _report("prefect_ui", url=api_url.removesuffix("/api"))
+        if cluster.dashboard_link:
+            _report("dask_dashboard", url=cluster.dashboard_link)
+        runner = dask_task_runner(workers, cluster.scheduler_address)
         return train.with_options(task_runner=runner)(settings)
 
 

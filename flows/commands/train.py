@@ -211,58 +211,19 @@ def _settings(args: argparse.Namespace, tasks_dir: Path) -> Any:
 
 
 def _run_with_progress(settings: Any, args: argparse.Namespace) -> list[Any]:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+    from flows.live import TrainingView
     from flows.train import run_training, set_progress_hook
 
-    console = Console(stderr=True)
-    progress = Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[status]}"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
+    view = TrainingView(
+        iterations=settings.iterations,
+        episodes_total=settings.iterations * settings.tasks_per_iteration * settings.group_size,
+        title=f"rollyard {args.command} {settings.run_id}",
     )
-    iterations = progress.add_task("iterations", total=settings.iterations, status="")
-    episodes = progress.add_task("episodes", total=0, status="")
-    rewards: list[float] = []
-
-    def hook(event: str, values: dict[str, Any]) -> None:
-        # In async mode the next iteration starts before this one ends: the episode bar counts
-        # every episode scheduled so far, so it only ever grows.
-        if event == "iteration_start":
-            progress.update(
-                episodes,
-                total=(progress.tasks[episodes].total or 0) + values["episodes"],
-                description=f"episodes (up to iteration {values['iteration']})",
-                status="in flight",
-            )
-        elif event == "shard_done":
-            rewards.extend(r for r in values["rewards"] if r is not None)
-            mean = sum(rewards) / len(rewards) if rewards else 0.0
-            progress.update(
-                episodes,
-                advance=values["episodes"],
-                status=f"mean reward {mean:.2f}, {values['queued_shards']} shards queued",
-            )
-        elif event == "iteration_done":
-            summary = values["summary"]
-            rewards.clear()
-            progress.update(
-                iterations,
-                completed=summary.iteration + 1,
-                status=f"last mean reward {summary.reward_mean:.2f}"
-                + (" (quarantined)" if summary.quarantined else ""),
-            )
-
-    set_progress_hook(hook)
+    set_progress_hook(view.hook)
     # A run stopped by a gate or by a cluster without workers raises its `FlowError`, which the
     # CLI prints with its exit code; what the run committed stays (--resume).
     try:
-        with progress:
+        with view:
             return run_training(settings, workers=args.workers, dask_address=args.dask_address)
     finally:
         set_progress_hook(None)
@@ -305,7 +266,18 @@ def _check_policy(args: argparse.Namespace) -> None:
     check_training_policy(args.policy, trainer_model=args.trainer_model)
 
 
+# Flow and task run log lines stay in the Prefect UI (and its API); on the console the live view
+# shows what matters, with Prefect's warnings and errors above it.
+QUIET_CONSOLE_ENV = {"PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "WARNING"}
+
+
+def _quiet_console() -> None:
+    for key, value in QUIET_CONSOLE_ENV.items():
+        os.environ.setdefault(key, value)
+
+
 def train_command(args: argparse.Namespace) -> int:
+    _quiet_console()
     tasks_dir = Path(args.tasks)
     if not tasks_dir.is_dir():
         raise CliError(f"--tasks {tasks_dir} is not a directory", EXIT_USAGE)
@@ -338,6 +310,7 @@ def _print_refused(tasks_dir: Path) -> None:
 
 
 def demo_command(args: argparse.Namespace) -> int:
+    _quiet_console()
     from storage.lease import writer_lease
 
     _check_policy(args)

@@ -145,3 +145,28 @@ def test_the_embedded_server_takes_the_next_port_when_4200_is_held() -> None:
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", first))
         assert stable_port() > first
+
+
+def test_a_new_home_starts_from_the_migrated_template_and_an_old_one_keeps_its_database(
+    prefect_server: str, tmp_path: Path
+) -> None:
+    import sqlite3
+
+    from flows.runtime import PREFECT_DATABASE_FILE, prefect_database_template, seed_database
+
+    # The session's server started from the template, so it exists; it is Prefect's schema at
+    # its head revision and holds no runs.
+    template = prefect_database_template()
+    with sqlite3.connect(template) as con:
+        [(head,)] = con.execute("SELECT version_num FROM alembic_version").fetchall()
+        assert con.execute("SELECT count(*) FROM flow_run").fetchone() == (0,)
+    new_home = tmp_path / "new"
+    new_home.mkdir()
+    seed_database(new_home)
+    with sqlite3.connect(new_home / PREFECT_DATABASE_FILE) as con:
+        assert con.execute("SELECT version_num FROM alembic_version").fetchall() == [(head,)]
+    old_home = tmp_path / "old"
+    old_home.mkdir()
+    (old_home / PREFECT_DATABASE_FILE).write_bytes(b"a database of its own")
+    seed_database(old_home)
+    assert (old_home / PREFECT_DATABASE_FILE).read_bytes() == b"a database of its own"
