@@ -79,8 +79,9 @@ class TrainingView:
         elif event == "dask_dashboard":
             state.dask_dashboard = values["url"]
             line = f"Dask dashboard: {state.dask_dashboard}"
-        elif event == "flow_run":
-            state.flow_run = values["url"]
+        elif event == "flow_run" and state.prefect_ui is not None:
+            # the page Prefect's own "View at" log line links
+            state.flow_run = f"{state.prefect_ui}/runs/flow-run/{values['id']}"
             line = f"this run in the Prefect UI: {state.flow_run}"
         elif event == "iteration_start":
             if state.iteration is None or values["iteration"] > state.iteration:

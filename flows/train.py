@@ -448,8 +448,8 @@ def _train_iterations(settings: TrainSettings) -> list[IterationSummary]:
     from prefect.runtime import flow_run
 
     logger = get_run_logger()
-    if flow_run.ui_url:
-        _report("flow_run", url=flow_run.ui_url)
+    if flow_run.id:
+        _report("flow_run", id=flow_run.id)
     # Before any episode and any write: the spec, a trainer for it, a server that answers.
     policy = check_training_policy(settings.policy, trainer_model=settings.trainer_model)
     store = TrajectoryStore(settings.store)
