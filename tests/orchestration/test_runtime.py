@@ -148,14 +148,14 @@ def test_the_embedded_server_takes_the_next_port_when_4200_is_held() -> None:
 
 
 def test_a_new_home_starts_from_the_migrated_template_and_an_old_one_keeps_its_database(
-    prefect_server: str, tmp_path: Path
+    tmp_path: Path,
 ) -> None:
     import sqlite3
 
     from flows.runtime import PREFECT_DATABASE_FILE, prefect_database_template, seed_database
 
-    # The session's server started from the template, so it exists; it is Prefect's schema at
-    # its head revision and holds no runs.
+    # Built at install (or by the first server start of this machine): Prefect's schema at its
+    # head revision, holding no runs.
     template = prefect_database_template()
     with sqlite3.connect(template) as con:
         [(head,)] = con.execute("SELECT version_num FROM alembic_version").fetchall()
