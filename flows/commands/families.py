@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from flows.cli import positive_int
+from flows.cli import MAX_COUNT, int_between, seed
 from flows.errors import CliError
 from flows.output import add_format_option, emit, progress
 from rollyard.errors import EXIT_FAILED
@@ -23,8 +23,10 @@ def register_tasks_commands(commands: argparse._SubParsersAction[argparse.Argume
     )
     generate.add_argument("family", choices=FAMILIES, metavar="FAMILY", help=" | ".join(FAMILIES))
     generate.add_argument("--out", required=True, type=Path, help="directory to write the tasks to")
-    generate.add_argument("--count", type=positive_int, default=8, help="tasks to write")
-    generate.add_argument("--seed", type=int, default=0, help="seed of the generator")
+    generate.add_argument(
+        "--count", type=int_between(1, MAX_COUNT), default=8, help="tasks to write"
+    )
+    generate.add_argument("--seed", type=seed, default=0, help="seed of the generator")
     add_format_option(generate, default="json")
     generate.set_defaults(handler=generate_command)
 

@@ -8,10 +8,19 @@ import sys
 from datetime import timedelta
 from typing import Any
 
-from flows.cli import add_store_option, int_between, non_negative_int, positive_float
+from flows.cli import (
+    MAX_COUNT,
+    MAX_SECONDS,
+    add_store_option,
+    int_between,
+    positive_float_up_to,
+)
 from flows.errors import CliError
 from flows.output import add_format_option, emit, note
 from rollyard.errors import EXIT_DAMAGED, EXIT_USAGE
+
+MAX_HOURS = MAX_SECONDS // 3600 * 52
+"""A year: retention and age thresholds in hours."""
 
 
 def register(subparsers: Any) -> None:
@@ -32,7 +41,9 @@ def register(subparsers: Any) -> None:
     )
     add_store_option(compact)
     compact.add_argument("--run-id", default=None, help="only this run")
-    compact.add_argument("--iteration", type=non_negative_int, default=None, help="only this one")
+    compact.add_argument(
+        "--iteration", type=int_between(0, MAX_COUNT), default=None, help="only this one"
+    )
     add_format_option(compact)
     compact.set_defaults(handler=compact_command)
 
@@ -50,7 +61,7 @@ def register(subparsers: Any) -> None:
     add_store_option(vacuum)
     vacuum.add_argument(
         "--uncommitted-older-than",
-        type=positive_float,
+        type=positive_float_up_to(MAX_HOURS),
         metavar="HOURS",
         help=(
             "also remove steps of shards never committed, written more than HOURS ago; only "
@@ -59,7 +70,7 @@ def register(subparsers: Any) -> None:
     )
     vacuum.add_argument(
         "--retention-hours",
-        type=non_negative_int,
+        type=int_between(0, MAX_HOURS),
         metavar="HOURS",
         help=(
             "then delete from disk the files no table version newer than HOURS references "
@@ -196,19 +207,15 @@ def compact_command(args: argparse.Namespace) -> int:
     return 0
 
 
-MAX_GRACE_S = 7 * 24 * 3600
-
-
 def _grace_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--grace-s",
-        type=int_between(0, MAX_GRACE_S),
+        type=int_between(0, MAX_SECONDS),
         default=900,
         metavar="SECONDS",
         help=(
             "leave alone unreferenced files younger than this: a writer that does not take the "
-            f"store's lease may still commit them (default 900, at most {MAX_GRACE_S}; 0 when "
-            "you know no writer runs)"
+            "store's lease may still commit them (0 when you know no writer runs)"
         ),
     )
 
