@@ -33,6 +33,7 @@ STARTER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # starts and kills a server of its own
 @pytest.mark.skipif(not _DIE_WITH_PARENT, reason="needs Linux and setpriv (util-linux)")
 def test_a_killed_starter_takes_its_prefect_server_down(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
