@@ -77,7 +77,8 @@ MAX_SEED = 2**32 - 1
 class Bounded:
     """An argparse type: a number in [`minimum`, `maximum`] (`minimum` excluded when
     `exclusive_minimum`). `--help` states the maximum of every option typed this way
-    (`HelpFormatter`), and tests/docs/test_cli_help.py checks that every numeric option is."""
+    (`HelpFormatter`), and tests/adversarial/test_numeric_flags.py checks that every numeric
+    option is."""
 
     kind: type[int] | type[float]
     minimum: float

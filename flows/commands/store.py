@@ -19,7 +19,7 @@ from flows.errors import CliError
 from flows.output import add_format_option, emit, note
 from rollyard.errors import EXIT_DAMAGED, EXIT_USAGE
 
-MAX_HOURS = MAX_SECONDS // 3600 * 52
+MAX_HOURS = 365 * 24
 """A year: retention and age thresholds in hours."""
 
 
