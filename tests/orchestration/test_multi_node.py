@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.runtime import LocalPrefectServer
+from flows.runtime import LocalPrefectServer, drain_prefect_clients
 from flows.train import TrainSettings, run_training
 from storage import TrajectoryStore
 from training.iteration import completed_iterations
@@ -199,7 +199,11 @@ def test_scheduler_workers_object_store_and_prefect_on_separate_nodes(
             "-s3",
             f"-s3.port={s3}",
             f"-s3.config={s3_config}",
-            "-volume.max=5",
+            # Small volumes, enough of them: a bucket's collection grows several volumes at
+            # once, and with 5 slots of the default 30 GB size the first Delta commit found
+            # "no writable volumes and no free volumes left" (HTTP 500 on every PUT).
+            "-volume.max=64",
+            "-master.volumeSizeLimitMB=64",
         ],
         tmp_path / "weed.log",
         dict(os.environ),
@@ -311,6 +315,7 @@ def test_scheduler_workers_object_store_and_prefect_on_separate_nodes(
         watcher.join(timeout=5)
         assert changed.is_set(), "the run ended before a worker could be killed"
     finally:
+        drain_prefect_clients()  # while the server answers: its logs would go nowhere after
         prefect.stop()
 
     assert [s.iteration for s in summaries] == list(range(ITERATIONS))
