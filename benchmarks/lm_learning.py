@@ -119,6 +119,8 @@ def train_seed(
         policy=f"hf:{sft}",
         lm_trainer=LMTrainerConfig(
             learning_rate=args.learning_rate,
+            epochs=args.epochs,
+            minibatches=args.minibatches,
             loss_aggregation="token",
             kl_coef=args.kl_coef,
             seed=seed,
@@ -175,15 +177,17 @@ def main() -> None:
     parser.add_argument("--tasks-per-iteration", type=int, default=6)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--train-tasks", type=int, default=12)
-    parser.add_argument("--warm-tasks", type=int, default=48)
-    parser.add_argument("--held-out-tasks", type=int, default=12)
+    parser.add_argument("--warm-tasks", type=int, default=80)
+    parser.add_argument("--held-out-tasks", type=int, default=16)
     parser.add_argument("--held-out-samples", type=int, default=2)
     parser.add_argument("--hidden-size", type=int, default=128)
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--sft-steps", type=int, default=150)
+    parser.add_argument("--sft-steps", type=int, default=320)
     parser.add_argument("--sft-batch-size", type=int, default=8)
-    parser.add_argument("--sft-learning-rate", type=float, default=2e-3)
-    parser.add_argument("--learning-rate", type=float, default=2e-5)
+    parser.add_argument("--sft-learning-rate", type=float, default=3e-3)
+    parser.add_argument("--learning-rate", type=float, default=5e-4)
+    parser.add_argument("--epochs", type=int, default=2, help="passes of the GRPO update per batch")
+    parser.add_argument("--minibatches", type=int, default=2, help="optimizer steps per pass")
     parser.add_argument("--kl-coef", type=float, default=0.0)
     parser.add_argument("--max-tokens", type=int, default=96)
     args = parser.parse_args()

@@ -35,7 +35,10 @@ from tasks_lib.sources.authoring.writer import (
 FAMILY = "settings"
 FLAGS_FAMILY = "flags"
 FLAGS_PACKAGE = "app"
-FLAGS = ("DEBUG", "VERBOSE", "DRY_RUN", "USE_CACHE", "STRICT", "COMPRESS", "TRACE", "PARALLEL")
+# Words that the tiny models' BPE tokenizer (`training.lm.tiny`) keeps as one token wherever they
+# stand (after a backquote, a quote or a newline): the flag a reply names is then one token that
+# also stands in the instruction, not a spelling to assemble from pieces.
+FLAGS = ("cache", "verify", "report", "strip", "copy", "raw", "append", "split")
 PACKAGES = ("billing", "crawler", "mailer", "reports", "scheduler", "uploader", "search", "cache")
 CONSTANTS = (
     "MAX_RETRIES",
