@@ -1,8 +1,10 @@
 """Does a tiny language model learn with token-level GRPO? SFT warm start, then RL through the
 real train flow, several seeds, figures for the README.
 
-1. Tasks of the `settings` family (set one constant of a package to the value the instruction
-   gives; pytest verifies): a warm-start set, a training set and a held-out set, disjoint.
+1. Tasks of the `settings` family, `flags` vocabulary by default (set one boolean flag of
+   `app/settings.py` to the value the instruction gives; `--family settings`: an integer constant
+   of one of several packages; pytest verifies): a warm-start set, a training set and a held-out
+   set, disjoint.
 2. A tiny Qwen2-architecture model (config + tokenizer trained here, random weights) is
    warm-started with the real command: `rollyard sft --tasks WARM --policy hf:BASE --out SFT
    --no-test-run` (reference solutions replayed as tool calls in bwrap sandboxes, verified, then
