@@ -6,10 +6,11 @@ flags of the one package `app`: the edit is a choice among a closed set — whic
 False — that the instruction decides, for models too small to copy numbers out of a prompt).
 
 Sized for a tiny language model acting through tool calls: the prompt (system, tools,
-instruction) stays within ~600 tokens, and one exact edit solves a task. Nothing can be solved
-without reading the instruction: package, file, constant and both values are drawn per task, and
-the hidden test checks the value the instruction asks for. A policy that copies the wrong name or
-value, edits another constant or breaks the file fails the tests.
+instruction) stays within ~600 tokens, and one exact edit solves a task. The constants and their
+values are drawn per task (and the package, for `settings`), and the hidden test checks the value
+the instruction asks for: a policy that writes the wrong name or value, edits another constant or
+breaks the file fails the tests. Without the instruction a `flags` task is a guess among the
+file's 3-4 flags.
 """
 
 from __future__ import annotations
