@@ -193,6 +193,8 @@ def main() -> None:
     parser.add_argument("--kl-coef", type=float, default=0.0)
     parser.add_argument("--max-tokens", type=int, default=96)
     args = parser.parse_args()
+    if args.warm_pass is not None and args.warm_start is None:
+        parser.error("--warm-pass is the held-out pass rate of a --warm-start DIR; give both")
 
     from training.lm.conversation import ChatSampling
     from training.lm.tiny import parameter_count
