@@ -267,3 +267,47 @@ def test_own_image_holds_the_escape_cases_bwrap_holds(engine: None) -> None:
                 or point in ("/etc/hosts", "/etc/hostname", "/etc/resolv.conf")
             ), line
         assert sandbox.execute("jq -n 1").stdout.strip() == "1"  # the image's tools do run
+
+
+@pytest.mark.slow
+def test_reward_json_task_run_end_to_end_stores_its_named_rewards(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The reward-json-csv task rolled out and committed: every metric of its reward.json lands
+    in the episodes table's `rewards`, `reward` is the primary one, and `rollyard query` (the
+    named query and SQL) and `rollyard export` show them."""
+    import pyarrow.parquet as pq
+
+    from training.actions import RunCommand
+    from training.local import rollout_batch
+    from training.policy import ScriptedPolicy
+
+    task = tmp_path / "tasks" / "reward-json-csv"
+    shutil.copytree(FIXTURES / "reward-json-csv", task)
+    # The header and two of three rows, out of order: named rewards 1, 2/3 and a primary 0.
+    partial = RunCommand("printf 'name,total\\nbo,7\\nal,3\\n' > totals.csv")
+    store = TrajectoryStore(tmp_path / "store")
+    trajectories = rollout_batch([task], store, policy=ScriptedPolicy([partial]), run_id="named",
+                                 iteration=0, tasks_per_iteration=1, group_size=2, max_steps=2)  # fmt: skip
+    assert [t.status for t in trajectories] == ["ok", "ok"], [t.error for t in trajectories]
+    expected = {"reward": 0.0, "header": 1.0, "rows_matched": 2 / 3}
+    rows = store.query("SELECT reward, rewards, rewards['rows_matched'] AS rows_matched "
+                       "FROM episodes").to_pylist()  # fmt: skip
+    assert len(rows) == 2
+    for row in rows:
+        assert row["reward"] == 0.0 and dict(row["rewards"]) == expected
+        assert row["rows_matched"] == pytest.approx(2 / 3)
+
+    assert main(["query", "--store", store.root, "--format", "json", "--named",
+                 "named_rewards"]) == 0  # fmt: skip
+    named = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert {r["metric"]: (r["episodes"], r["mean"]) for r in named} == {
+        name: (2, pytest.approx(value)) for name, value in expected.items()
+    }
+
+    out = tmp_path / "export"
+    code = main(["export", "--store", store.root, "--layout", "hf", "--out", str(out),
+                 "--include-masked"])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    exported = pq.read_table(out / "train.parquet", columns=["rewards"]).to_pylist()
+    assert [dict(r["rewards"]) for r in exported] == [expected, expected]
