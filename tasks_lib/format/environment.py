@@ -32,6 +32,10 @@ def open_task_sandbox(task: Task, backend: str = "bwrap", *, verifier: bool = Fa
     on the docker backend when it has one (whatever `backend` says: only that image runs it
     faithfully)."""
     image = task_image(task, verifier=verifier)
+    limits = task.limits
+    if verifier:
+        # The verifier's own network policy (Harbor lets it differ from the agent's).
+        limits = limits.replace(allowed_hosts=task.harbor.verifier_network_policy.egress_hosts)
     if image is None:
-        return open_sandbox(task.snapshot_dir, backend=backend, limits=task.limits)
-    return open_sandbox(task.snapshot_dir, backend="docker", limits=task.limits, image=image)
+        return open_sandbox(task.snapshot_dir, backend=backend, limits=limits)
+    return open_sandbox(task.snapshot_dir, backend="docker", limits=limits, image=image)

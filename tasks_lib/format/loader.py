@@ -43,6 +43,7 @@ from tasks_lib.format.model import (
 from tasks_lib.format.runnable import (
     DOCKER_FIX,
     Refusal,
+    container_network_refusals,
     container_reasons,
     image_workspace,
     read_dockerfile,
@@ -57,7 +58,11 @@ MAX_INSTRUCTION_BYTES = 256 << 10
 """Largest instruction.md: a prompt, not a data file (the agent reads data from the workspace)."""
 MAX_TASK_TOML_BYTES = 1 << 20
 
-LIMIT_FIELDS = tuple(field.name for field in dataclasses.fields(Limits))
+# The numeric limits a task may set in [rollyard.limits]; its network comes from Harbor's
+# [environment] network_mode and allowed_hosts.
+LIMIT_FIELDS = tuple(
+    field.name for field in dataclasses.fields(Limits) if field.name != "allowed_hosts"
+)
 ROLLYARD_FIELDS = {
     "id": "task id (letters, digits, . _ -)",
     "version": "task version string",
@@ -559,6 +564,8 @@ def _load(root: Path) -> Task:
         workspace = _workspace(check, root, rollyard)
     else:
         workspace, workdir, container = _image_workspace(check, root, harbor)
+        if container is not None:
+            refused += container_network_refusals(harbor)
     workdir = harbor.environment.workdir or workdir
     test_command = _string(check, rollyard, "test_command", DEFAULT_TEST_COMMAND)
     test_paths = _test_paths(check, test_command)
@@ -673,6 +680,7 @@ def _load(root: Path) -> Task:
             f"use one of {', '.join(DIFFICULTIES)}",
         )
     limits, agent_timeout_s, verify_timeout_s = _limits(check, doc, rollyard, harbor)
+    limits = limits.replace(allowed_hosts=harbor.agent_network_policy.egress_hosts)
     if workspace_ok and not check.issues:
         _bounded_tree(check, root, workspace, limits)
     family = _string(check, rollyard, "family", "harbor")
