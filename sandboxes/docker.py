@@ -193,6 +193,40 @@ def harbor_task_image(
     dockerfile = (environment_dir / "Dockerfile").read_text(encoding="utf-8")
     image = build_layer(base or base_image(), dockerfile, environment_dir, kind="task-env",
                         network=True, timeout_s=build_timeout_s, client=client)  # fmt: skip
+    return _workdir_layer(image, workdir, client=client)
+
+
+def pulled_task_image(reference: str, workdir: str | None = None, *, client: Any = None) -> str:
+    """The image of a Harbor task that names a pre-built one (`[environment] docker_image`) and
+    no Dockerfile: the engine's copy, pulled when it has none, used as is (not rebuilt on the
+    base image), with its WORKDIR (`workdir` overrides it) leading to the workspace as for a
+    built one. It must hold `sh` and `python3` (the container's reaper). A pull that fails
+    raises `SandboxUnavailableError` saying how to provide the image."""
+    import docker
+
+    client = client or _shared_client()
+    try:
+        found = client.images.get(reference)
+    except docker.errors.ImageNotFound:
+        try:
+            found = client.images.pull(reference)
+        except Exception as error:
+            # The engine's own words (a name that does not resolve, a denied pull), not the SDK's.
+            text = str(getattr(error, "explanation", None) or error).strip().splitlines()
+            raise SandboxUnavailableError(
+                f"cannot pull the task's image {reference} "
+                f"({text[0][:200] if text else type(error).__name__}); load it into the engine "
+                "(`docker pull` where its registry is reachable, then `docker save` | `docker "
+                "load` here), or give the task an environment/Dockerfile"
+            ) from None
+    configured = str((found.attrs.get("Config") or {}).get("WorkingDir") or "/")
+    return _workdir_layer(reference, workdir or configured, client=client)
+
+
+def _workdir_layer(image: str, workdir: str, *, client: Any) -> str:
+    """`image` with its WORKDIR's content moved to /workspace and the WORKDIR a symlink to it,
+    so the agent and the verifier work where the task says and the sandbox sees their changes
+    under /workspace (the image itself where the WORKDIR is / or /workspace)."""
     workdir = posixpath.normpath(workdir)
     if workdir in ("/", WORKSPACE_MOUNT):
         return image

@@ -17,8 +17,12 @@ def task_image(task: Task, *, verifier: bool = False) -> str | None:
     container = task.container
     if container is None:
         return None
-    from sandboxes.docker import harbor_task_image
+    from sandboxes.docker import harbor_task_image, pulled_task_image
 
+    if container.pulled_image is not None and not (
+        verifier and container.verifier_context_dir is not None
+    ):
+        return pulled_task_image(container.pulled_image, task.harbor.environment.workdir)
     context = container.context_dir
     if verifier and container.verifier_context_dir is not None:
         context = container.verifier_context_dir
