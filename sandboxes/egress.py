@@ -1,6 +1,7 @@
 """The egress proxy: the only way out of a sandbox whose task allows network to listed hosts.
 
-A sandbox with `Limits.allowed_hosts` keeps its own empty network namespace (loopback only). Its
+A sandbox with `Limits.allowed_hosts` keeps its own empty network namespace (loopback only: a
+bwrap sandbox's own, a container's `--network none`). Its
 commands see `HTTP_PROXY`/`HTTPS_PROXY` = http://127.0.0.1:3128, where a relay started with each
 command inside the sandbox (`relay_argv`) hands every connection to a unix socket bind-mounted
 from the host. On the host, `EgressProxy` serves that socket: it reads one proxy request
@@ -71,10 +72,10 @@ while True:
 """
 
 
-def relay_argv(command: Sequence[str]) -> list[str]:
-    """`command` run behind the relay to the egress proxy (see the module docstring)."""
-    return [sys.executable, "-I", "-S", "-c", RELAY, str(PROXY_PORT), SOCKET_IN_SANDBOX,
-            *command]  # fmt: skip
+def relay_argv(command: Sequence[str], *, python: str = sys.executable) -> list[str]:
+    """`command` run behind the relay to the egress proxy (see the module docstring), by the
+    sandbox's `python`."""
+    return [python, "-I", "-S", "-c", RELAY, str(PROXY_PORT), SOCKET_IN_SANDBOX, *command]
 
 
 def proxy_environment() -> dict[str, str]:

@@ -44,7 +44,6 @@ from tasks_lib.format.runnable import (
     DOCKER_FIX,
     LocalImage,
     Refusal,
-    container_network_refusals,
     container_reasons,
     image_workspace,
     read_dockerfile,
@@ -566,8 +565,6 @@ def _load(root: Path) -> Task:
         workspace = _workspace(check, root, rollyard)
     else:
         workspace, workdir, container = _image_workspace(check, root, harbor)
-        if container is not None:
-            refused += container_network_refusals(harbor)
     workdir = harbor.environment.workdir or workdir
     test_command = _string(check, rollyard, "test_command", DEFAULT_TEST_COMMAND)
     test_paths = _test_paths(check, test_command)

@@ -2,8 +2,8 @@
 and the reasons it is refused when neither can.
 
 A task is refused rather than run and scored when it needs what a no-network, no-GPU, single
-sandbox cannot give: public network (an allowlist of hosts is served by the egress proxy on bwrap,
-`sandboxes.egress`; not yet in a task's own image), GPUs/TPUs, compose services or MCP
+sandbox cannot give: public network (an allowlist of hosts is served by the egress proxy,
+`sandboxes.egress`), GPUs/TPUs, compose services or MCP
 servers, several steps, Windows. A pre-built `docker_image` (no Dockerfile) is pulled by the
 docker backend, which says so when it cannot. A plain Harbor task
 (judged by its `tests/test.sh`) runs on bwrap when its `environment/Dockerfile` builds nothing
@@ -77,20 +77,6 @@ def _network(policy: NetworkPolicy, field: str) -> list[Refusal]:
                         "network_mode is not set); no backend here has any",
                         'set network_mode = "no-network" if the task needs no network')]  # fmt: skip
     return []
-
-
-def container_network_refusals(config: HarborConfig) -> list[Refusal]:
-    """Why a task that runs in its own image (the docker backend) is refused for its network:
-    the egress proxy serves bwrap sandboxes only, so an allowlist there is refused."""
-    found = []
-    for policy, field in ((config.agent_network_policy, "environment.network_mode (agent)"),
-                          (config.verifier_network_policy, "verifier.network_mode")):  # fmt: skip
-        if policy.egress_hosts:
-            found.append(Refusal(field, f"the task needs network to {', '.join(policy.egress_hosts)} "
-                                 "from its own image; the egress proxy serves the bwrap backend only",
-                                 "bake what the task downloads into its image, or make its "
-                                 "Dockerfile one the local environment reproduces"))  # fmt: skip
-    return found
 
 
 def refusals(config: HarborConfig, task_dir: Path, *, runs_test_sh: bool) -> list[Refusal]:
