@@ -81,8 +81,12 @@ _EPISODE_FIELDS = [
     pa.field("sampling", pa.string()),
     pa.field("status", pa.string()),
     pa.field("reward", pa.float64()),
-    # The verifier's named rewards (`reward` is the primary one among them); null if none.
-    pa.field("rewards", pa.map_(pa.string(), pa.float64())),
+    # The verifier's named rewards (`reward` is the primary one among them); null if none. A list
+    # of (name, value) rather than the store's map: HF datasets has no map type.
+    pa.field(
+        "rewards",
+        pa.list_(pa.struct([pa.field("name", pa.string()), pa.field("value", pa.float64())])),
+    ),
     pa.field("passed", pa.bool_()),
     pa.field("advantage", pa.float64()),
     pa.field("step_advantages", pa.list_(pa.float64())),
@@ -187,7 +191,9 @@ def episode_rows(
                 "sampling": identity.sampling if identity else None,
                 "status": str(trajectory.status),
                 "reward": trajectory.reward,
-                "rewards": dict(trajectory.rewards) if trajectory.rewards else None,
+                "rewards": [{"name": k, "value": v} for k, v in trajectory.rewards.items()]
+                if trajectory.rewards
+                else None,
                 "passed": trajectory.passed,
                 "advantage": advantages.get(trajectory.episode_id),
                 "step_advantages": action_advantages,

@@ -763,7 +763,7 @@ def _image_workspace(
         # Harbor's pre-built image: the docker backend pulls it (or says why it cannot). The
         # workspace is the image's WORKDIR; environment/ holds nothing the image needs.
         separate = harbor.verifier_mode == "separate" and (root / "tests" / "Dockerfile").is_file()
-        container = ContainerImage(
+        prebuilt = ContainerImage(
             context_dir=root / "environment",
             verifier_context_dir=root / "tests" if separate else None,
             reason=f"environment.docker_image: runs in the pre-built image {pulled}",
@@ -772,7 +772,7 @@ def _image_workspace(
         workspace = root / "environment"
         if not workspace.is_dir():
             workspace = image_workspace(workspace, LocalImage("/", ()))  # an empty one
-        return workspace, harbor.environment.workdir or "/", container
+        return workspace, harbor.environment.workdir or "/", prebuilt
     if not dockerfile.is_file():
         return root / "environment", "/", None  # reported missing
     reading = read_dockerfile(dockerfile)

@@ -310,7 +310,7 @@ def test_reward_json_task_run_end_to_end_stores_its_named_rewards(
                  "--include-masked"])  # fmt: skip
     assert code == 0, capsys.readouterr().err
     exported = pq.read_table(out / "train.parquet", columns=["rewards"]).to_pylist()
-    assert [dict(r["rewards"]) for r in exported] == [expected, expected]
+    assert [{m["name"]: m["value"] for m in r["rewards"]} for r in exported] == [expected] * 2
 
 
 def _pulled_image_task(root: Path, image: str) -> Path:
