@@ -4,7 +4,8 @@ Isolation, from the outside in:
 - cgroup per sandbox: memory (swap included), pids, CPU bandwidth; every process is killed
   through it at the end of each `execute`, so daemons and `setsid` children never outlive a call;
 - an unprivileged host uid (`setpriv`), then bwrap with every namespace unshared (no network but
-  its own loopback, own PIDs, own mounts), no capabilities, nested user namespaces disabled, a
+  its own loopback, own PIDs, own mounts; a task that lists hosts reaches them only through the
+  egress proxy's socket, `sandboxes.egress`), no capabilities, nested user namespaces disabled, a
   cleared environment and a seccomp filter;
 - an allowlisted root: system directories and the Python runtime read-only, the workspace as the
   only writable place besides a size-limited /tmp; nothing of the host's home, /tmp or project;
@@ -34,6 +35,7 @@ from pathlib import Path
 from sandboxes import host, supervisor
 from sandboxes.base import WORKSPACE_MOUNT, ExecResult, Limits, Sandbox, WorkspaceDiff
 from sandboxes.cgroups import SandboxCgroup
+from sandboxes.egress import SOCKET_IN_SANDBOX, EgressProxy, proxy_environment, relay_argv
 from sandboxes.errors import SandboxError, SandboxSetupError, WorkspacePathError
 from sandboxes.output import CappedBuffer
 from sandboxes.snapshot import (
@@ -127,6 +129,7 @@ class BwrapSandbox(Sandbox):
         self._layer = self._dir / "layer"
         self._merged = self._dir / "merged"
         self._cgroup: SandboxCgroup | None = None
+        self._egress: EgressProxy | None = None
         try:
             for directory in (self._layout.root, self._layout.live, self._layout.command):
                 directory.mkdir(mode=0o711, exist_ok=True)
@@ -141,6 +144,8 @@ class BwrapSandbox(Sandbox):
             )
             self._mount_runtime()
             self._mount_workspace()
+            if limits.allowed_hosts:
+                self._egress = EgressProxy(self._dir / "egress.sock", limits.allowed_hosts)
         except BaseException:
             self._release()
             raise
@@ -210,6 +215,10 @@ class BwrapSandbox(Sandbox):
             if not name or "=" in name or "\0" in name or "\0" in value:
                 raise ValueError(f"invalid environment variable name or value: {name!r}")
             environment[name] = value
+        if self._egress is not None:
+            # The only way out: the relay on the sandbox's loopback to the host's proxy socket.
+            environment.update(proxy_environment())
+            inner = relay_argv(inner)
         bwrap = [
             self._bwrap, "--unshare-all", "--unshare-user", "--disable-userns",
             "--die-with-parent", "--new-session", "--cap-drop", "ALL",
@@ -229,6 +238,9 @@ class BwrapSandbox(Sandbox):
         command_dir = self._layout.command
         for index, runtime in enumerate(host.python_runtime_dirs()):
             bwrap += ["--ro-bind", str(command_dir / "runtime" / str(index)), str(runtime)]
+        if self._egress is not None:
+            socket_name = self._egress.socket_path.relative_to(self._dir)
+            bwrap += ["--ro-bind", str(command_dir / socket_name), SOCKET_IN_SANDBOX]
         bwrap += [
             "--bind", str(command_dir / self._merged.name), WORKSPACE_MOUNT,
             "--chdir", WORKSPACE_MOUNT,
@@ -513,6 +525,8 @@ class BwrapSandbox(Sandbox):
 
     def _release(self) -> None:
         errors: list[BaseException] = []
+        if self._egress is not None:
+            self._egress.close()
         if self._cgroup is not None:
             try:
                 self._cgroup.remove()
