@@ -703,8 +703,13 @@ def test_a_command_never_sees_other_sandboxes_mounts(sandbox_root: Path, snapsho
         tables: dict[int, list[str]] = {}
 
         def launcher_namespace_seen() -> bool:
+            # Only bwrap's own table: the launcher shell before it binds and unmounts still
+            # shows the host's mounts, by design; bwrap is exec'd after both. bwrap's outer
+            # process stays in the launcher's namespace (its child enters the sandbox's own).
             for pid in procs_file.read_text().split():
                 try:
+                    if Path(f"/proc/{pid}/comm").read_text().strip() != "bwrap":
+                        continue
                     lines = Path(f"/proc/{pid}/mounts").read_text().splitlines()
                 except OSError:
                     continue
