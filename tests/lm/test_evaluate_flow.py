@@ -193,7 +193,10 @@ def test_evaluate_an_hf_policy_through_the_real_flow_and_again_writes_nothing(
     assert table_versions(first.store) == versions
     assert check_evaluation(again, kind="hf", model=warm_model_dir.name) == episodes
 
-    hf = export_store(first.store, tmp_path / "hf", export_format="hf", run_id="eval-hf")
+    # Masked episodes too, as above: two samples of an untrained model usually score alike.
+    hf = export_store(
+        first.store, tmp_path / "hf", export_format="hf", run_id="eval-hf", include_masked=True
+    )
     datasets = pytest.importorskip("datasets")
     dataset = datasets.load_dataset("parquet", data_files=str(hf.path), split="train")
     assert len(dataset) == SAMPLES
