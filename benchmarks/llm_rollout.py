@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -78,16 +79,36 @@ class Server:
         self.process.wait(timeout=30)
 
 
+def _process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (its own threads, not its children)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_s() -> float:
+    """CPU seconds of this process, every thread. The sandboxes' processes are not in it, and
+    RUSAGE_CHILDREN does not see them either (measured ~5 ms per episode, less than one pytest
+    run): their cost shows only as the episodes' sandbox and verify seconds."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return own.ru_utime + own.ru_stime
+
+
 def episodes_per_s(
-    base_url: str, task_dirs: list[Path], store: Path, *, run_id: str, in_flight: int, args: Any
+    server: Server, task_dirs: list[Path], store: Path, *, run_id: str, in_flight: int, args: Any
 ) -> dict[str, float]:
-    """One shard of every task x `samples`, `in_flight` episodes at once."""
+    """One shard of every task x `samples`, `in_flight` episodes at once, with where the time
+    went: CPU seconds per episode of the server and of this process (the episode threads and
+    the client), and the longest episode against the mean (with
+    every episode in one wave, the shard lasts as long as its longest episode)."""
+    import httpx
+
     from sandboxes import Limits, SandboxPool
     from training.episode import EpisodeConfig
     from training.lm.conversation import ChatSampling
     from training.lm.spec import policy_from_spec
     from training.rollout import plan_iteration, rollout_shard_and_commit
 
+    base_url = server.base_url
     policy = policy_from_spec(
         f"openai:{base_url}#{SERVED_MODEL_NAME}",
         sampling=ChatSampling(temperature=0.5, max_tokens=args.max_tokens),
@@ -103,12 +124,22 @@ def episodes_per_s(
         episode_config=EpisodeConfig(max_steps=args.max_steps),
         max_concurrent_requests=in_flight,
     )
+    batches_before = httpx.get(f"{base_url.removesuffix('/v1')}/stats").json()
+    server_cpu_before = _process_cpu_s(server.process.pid)
+    own_before = _own_cpu_s()
+    started = time.monotonic()
     with SandboxPool(limits=Limits(), max_idle_per_snapshot=in_flight) as pool:
-        started = time.monotonic()
         outcome = rollout_shard_and_commit(request, store, pool=pool)
-        wall_s = time.monotonic() - started
+    wall_s = time.monotonic() - started
+    own_after = _own_cpu_s()
+    server_cpu_s = _process_cpu_s(server.process.pid) - server_cpu_before
+    batches_after = httpx.get(f"{base_url.removesuffix('/v1')}/stats").json()
     trajectories = outcome.trajectories
+    count = len(trajectories)
     turns = sum(len({s.turn_index for s in t.steps}) for t in trajectories)
+    batches = batches_after["batches"] - batches_before["batches"]
+    generations = batches_after["generations"] - batches_before["generations"]
+    episode_walls = [t.wall_s for t in trajectories]
     return {
         "episodes": len(trajectories),
         "turns": turns,
@@ -118,6 +149,11 @@ def episodes_per_s(
         "sandbox_and_verify_s_per_episode": statistics.mean(
             t.sandbox_s + t.verify_s for t in trajectories
         ),
+        "mean_episode_wall_s": statistics.mean(episode_walls),
+        "max_episode_wall_s": max(episode_walls),
+        "server_cpu_s_per_episode": server_cpu_s / count,
+        "rollout_process_cpu_s_per_episode": (own_after - own_before) / count,
+        "mean_server_batch": generations / batches if batches else 0.0,
     }
 
 
@@ -184,7 +220,7 @@ def main() -> int:
             measured = {}
             for in_flight in (1, 16):
                 measured[in_flight] = episodes_per_s(
-                    server.base_url,
+                    server,
                     task_dirs,
                     work / f"store-{case}-{in_flight}",
                     run_id=f"bench-{case}",

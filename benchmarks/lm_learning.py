@@ -1,8 +1,10 @@
 """Does a tiny language model learn with token-level GRPO? SFT warm start, then RL through the
 real train flow, several seeds, figures for the README.
 
-1. Tasks of the `settings` family (set one constant of a package to the value the instruction
-   gives; pytest verifies): a warm-start set, a training set and a held-out set, disjoint.
+1. Tasks of the `settings` family, `flags` vocabulary by default (set one boolean flag of
+   `app/settings.py` to the value the instruction gives; `--family settings`: an integer constant
+   of one of several packages; pytest verifies): a warm-start set, a training set and a held-out
+   set, disjoint.
 2. A tiny Qwen2-architecture model (config + tokenizer trained here, random weights) is
    warm-started with the real command: `rollyard sft --tasks WARM --policy hf:BASE --out SFT
    --no-test-run` (reference solutions replayed as tool calls in bwrap sandboxes, verified, then
@@ -33,15 +35,18 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def write_tasks(root: Path, name: str, indices: range) -> Path:
+def write_tasks(root: Path, name: str, family: str, indices: range) -> Path:
     from tasks_lib.sources.families.settings.generate import (
+        plan_flags_task,
         plan_settings_task,
         write_settings_task,
     )
 
+    plan = plan_flags_task if family == "flags" else plan_settings_task
     out = root / name
     for index in indices:
-        write_settings_task(plan_settings_task(0, index), out / f"settings-0-{index:04d}")
+        task = plan(0, index)
+        write_settings_task(task, out / task.task_id)
     return out
 
 
@@ -116,6 +121,8 @@ def train_seed(
         policy=f"hf:{sft}",
         lm_trainer=LMTrainerConfig(
             learning_rate=args.learning_rate,
+            epochs=args.epochs,
+            minibatches=args.minibatches,
             loss_aggregation="token",
             kl_coef=args.kl_coef,
             seed=seed,
@@ -143,24 +150,51 @@ def train_seed(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="*",
+        default=[0, 1, 2],
+        help="training seeds; none: the warm start and its held-out score only",
+    )
+    parser.add_argument("--family", choices=("flags", "settings"), default="flags")
+    parser.add_argument(
+        "--warm-start",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="a warm-started model directory of an earlier run (its `sft`) to "
+        "train from instead of running `rollyard sft` again",
+    )
+    parser.add_argument(
+        "--warm-pass",
+        type=float,
+        default=None,
+        metavar="RATE",
+        help="with --warm-start: its held-out pass rate measured by that run "
+        "(same held-out tasks and samples), instead of measuring it again",
+    )
     parser.add_argument("--work", type=Path, required=True, help="a new directory")
     parser.add_argument("--iterations", type=int, default=6)
     parser.add_argument("--tasks-per-iteration", type=int, default=6)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--train-tasks", type=int, default=12)
-    parser.add_argument("--warm-tasks", type=int, default=48)
-    parser.add_argument("--held-out-tasks", type=int, default=12)
+    parser.add_argument("--warm-tasks", type=int, default=80)
+    parser.add_argument("--held-out-tasks", type=int, default=16)
     parser.add_argument("--held-out-samples", type=int, default=2)
     parser.add_argument("--hidden-size", type=int, default=128)
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--sft-steps", type=int, default=150)
+    parser.add_argument("--sft-steps", type=int, default=320)
     parser.add_argument("--sft-batch-size", type=int, default=8)
-    parser.add_argument("--sft-learning-rate", type=float, default=2e-3)
-    parser.add_argument("--learning-rate", type=float, default=2e-5)
+    parser.add_argument("--sft-learning-rate", type=float, default=3e-3)
+    parser.add_argument("--learning-rate", type=float, default=5e-4)
+    parser.add_argument("--epochs", type=int, default=2, help="passes of the GRPO update per batch")
+    parser.add_argument("--minibatches", type=int, default=2, help="optimizer steps per pass")
     parser.add_argument("--kl-coef", type=float, default=0.0)
     parser.add_argument("--max-tokens", type=int, default=96)
     args = parser.parse_args()
+    if args.warm_pass is not None and args.warm_start is None:
+        parser.error("--warm-pass is the held-out pass rate of a --warm-start DIR; give both")
 
     from training.lm.conversation import ChatSampling
     from training.lm.tiny import parameter_count
@@ -168,21 +202,29 @@ def main() -> None:
     started = time.monotonic()
     root = args.work.resolve()
     root.mkdir(parents=True, exist_ok=False)
-    train_tasks = write_tasks(root, "train", range(args.train_tasks))
-    held_tasks = write_tasks(root, "held-out", range(500, 500 + args.held_out_tasks))
-    warm_tasks = write_tasks(root, "warm", range(1000, 1000 + args.warm_tasks))
-    base = build_base(root, args.hidden_size, args.layers)
-    parameters = parameter_count(base)
-    print(f"base model: {parameters / 1e6:.2f} M parameters", flush=True)
+    train_tasks = write_tasks(root, "train", args.family, range(args.train_tasks))
+    held_tasks = write_tasks(root, "held-out", args.family, range(500, 500 + args.held_out_tasks))
+    warm_tasks = write_tasks(root, "warm", args.family, range(1000, 1000 + args.warm_tasks))
     sampling = ChatSampling(temperature=1.0, max_tokens=args.max_tokens)
-    sft = warm_start(root, base, warm_tasks, args)
+    if args.warm_start is None:
+        base = build_base(root, args.hidden_size, args.layers)
+        sft = warm_start(root, base, warm_tasks, args)
+    else:
+        sft = args.warm_start.resolve()
+    parameters = parameter_count(sft)
+    print(f"model: {parameters / 1e6:.2f} M parameters", flush=True)
     sft_s = time.monotonic() - started
-    warm_pass = held_out_pass_rate(
-        sft, held_tasks, root / "eval-store", "held-out-sft", args.held_out_samples, 0, sampling
-    )
+    if args.warm_pass is not None:
+        warm_pass = args.warm_pass
+    else:
+        warm_pass = held_out_pass_rate(
+            sft, held_tasks, root / "eval-store", "held-out-sft", args.held_out_samples, 0, sampling
+        )
     print(f"warm-started held-out pass rate {warm_pass:.3f} ({sft_s:.0f} s so far)", flush=True)
 
     rows = []
+    if not args.seeds:
+        return
     for seed in args.seeds:
         seed_started = time.monotonic()
         summaries, trained_dir, metrics = train_seed(root, sft, train_tasks, seed, args, sampling)

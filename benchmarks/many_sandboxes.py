@@ -7,9 +7,12 @@ cgroups, file descriptors, mounts, memory) — measured, by raising the count.
 Phases: open `--count` sandboxes (timing `execute(["true"])` at 1, 100, 250, ... open), then start
 a `sleep` in each, one at a time, each confirmed running (a `sleep` in its cgroup) before the
 next, until all run or the budget is spent; measure; kill the sleeps from the host; close. The
-work runs in a child process under a wall-clock timeout; whatever it leaves (killed, or a close
-that failed) is reclaimed by the orphan sweep. `--nofile` lowers the child's soft
-RLIMIT_NOFILE (1,024 is a common default) to see whether descriptors bind first.
+work runs in a child process under a wall-clock timeout, in a private mount namespace of its own
+(`unshare --mount`): the ~4 host mounts each open sandbox holds stay out of the host's table,
+where every other bwrap on the machine would copy them, and they vanish with the child whatever
+happens to it; whatever else it leaves (cgroups, directories) is reclaimed by the orphan sweep.
+`--nofile` lowers the child's soft RLIMIT_NOFILE (1,024 is a common default) to see whether
+descriptors bind first.
 """
 
 from __future__ import annotations
@@ -277,7 +280,8 @@ def main() -> int:
         snapshot = Path(workdir) / "snapshot"
         snapshot.mkdir()
         (snapshot / "README").write_text("one file, the smallest workspace\n")
-        command = [sys.executable, __file__, "--count", str(args.count),
+        command = ["unshare", "--mount", "--propagation", "private",
+                   sys.executable, __file__, "--count", str(args.count),
                    "--launch-budget", str(args.launch_budget), "--child", str(snapshot)]  # fmt: skip
         if args.nofile:
             command += ["--nofile", str(args.nofile)]
@@ -287,7 +291,11 @@ def main() -> int:
             "pid_max": int(Path("/proc/sys/kernel/pid_max").read_text()),
             "threads_max": int(Path("/proc/sys/kernel/threads-max").read_text()),
             "mount_max": int(Path("/proc/sys/fs/mount-max").read_text()),
-            "max_user_namespaces": int(Path("/proc/sys/user/max_user_namespaces").read_text()),
+            "max_namespaces_per_kind": {
+                kind: int(Path(f"/proc/sys/user/max_{kind}_namespaces").read_text())
+                for kind in ("user", "mnt", "pid", "net", "ipc", "uts", "cgroup")
+            },
+            "file_max": int(Path("/proc/sys/fs/file-max").read_text()),
             "mem_total_mb": meminfo_kb()["MemTotal"] // 1024,
         }
         process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True,

@@ -48,7 +48,7 @@ def add_workload(task_dir: Path, tier: str) -> None:
     delay_s = TIERS[tier][0]
     manifest_path = task_dir / "task.toml"
     manifest = tomllib.loads(manifest_path.read_text())
-    rollyard = manifest["rollyard"]
+    rollyard = manifest["metadata"]["rollyard"]  # Harbor keeps tool tables under metadata
     workspace = task_dir / rollyard.get("workspace_dir", "environment/workspace")
     (workspace / "tests" / "test_workload.py").write_text(WORKLOAD_TEST.format(delay_s=delay_s))
     rollyard["pass_to_pass"] = [*rollyard["pass_to_pass"], "tests/test_workload.py::test_workload"]
@@ -70,7 +70,9 @@ def generate_straggler_tasks(out_dir: Path, count: int, seed: int) -> dict[str, 
         for task_dir in generate_demo_tasks(staging, count, seed=seed, difficulty="easy"):
             tier = tier_for(rng)
             add_workload(task_dir, tier)
-            task_id = tomllib.loads((task_dir / "task.toml").read_text())["rollyard"]["id"]
+            task_id = tomllib.loads((task_dir / "task.toml").read_text())["metadata"]["rollyard"][
+                "id"
+            ]
             task_dir.rename(out_dir / task_id)
             by_tier[tier].append(task_id)
     finally:

@@ -15,10 +15,11 @@ stderr.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import sys
 import textwrap
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from rollyard.errors import (
@@ -49,56 +50,99 @@ COMMAND_MODULES = (
 )
 
 
-def int_between(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
-    """An argparse type: an integer >= `minimum` (and <= `maximum`, when given)."""
+# The most a numeric flag accepts, shared by every command: past these a value is a typo or an
+# attack on the host (a LocalCluster of 100,000 worker processes, a timeout of 30 years), not a
+# bigger job. A command with a tighter bound of its own names it beside its option.
+MAX_COUNT = 100_000
+"""Tasks, iterations, samples, rows: how many of a thing one command makes or reads."""
+MAX_GROUP_SIZE = 1_024
+"""Episodes of one task in an iteration (a GRPO group) or samples of one task in an evaluation."""
+MAX_SHARDS = 10_000
+"""Prefect tasks (episode shards) per iteration."""
+MAX_STEPS = 10_000
+"""Actions in one episode."""
+MAX_ATTEMPTS = 100
+"""Attempts of one episode after infrastructure failures."""
+MAX_IN_FLIGHT = 1_024
+"""Model requests one shard keeps in flight."""
+MAX_WORKERS = 256
+"""Processes or threads one command starts on this host."""
+MAX_SECONDS = 7 * 24 * 3600
+"""Any duration: timeouts, deadlines, grace periods, schedules."""
+MAX_SEED = 2**32 - 1
+"""Seeds: numpy's and torch's generators take 32 bits."""
 
-    def parse(text: str) -> int:
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Bounded:
+    """An argparse type: a number in [`minimum`, `maximum`] (`minimum` excluded when
+    `exclusive_minimum`). `--help` states the maximum of every option typed this way
+    (`HelpFormatter`), and tests/adversarial/test_numeric_flags.py checks that every numeric
+    option is."""
+
+    kind: type[int] | type[float]
+    minimum: float
+    maximum: float
+    exclusive_minimum: bool = False
+
+    def __call__(self, text: str) -> int | float:
         try:
-            value = int(text)
+            value = self.kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {text}")
-        if maximum is not None and value > maximum:
-            raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {text}")
+            noun = "an integer" if self.kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"expected {noun}, got {text!r}") from None
+        if value != value:  # NaN compares false with every bound
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
+        if self.exclusive_minimum and not value > self.minimum:
+            raise argparse.ArgumentTypeError(f"must be more than {self.minimum:g}, got {text}")
+        if value < self.minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {self.minimum:g}, got {text}")
+        if value > self.maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {self.maximum:,g}, got {text}")
         return value
 
-    return parse
+    @property
+    def __name__(self) -> str:  # argparse names the type in its "invalid value" message
+        return self.kind.__name__
+
+    def stated_maximum(self) -> str:
+        return f"{self.maximum:,.0f}" if self.maximum >= 1000 else f"{self.maximum:g}"
 
 
-positive_int = int_between(1)
-non_negative_int = int_between(0)
+def int_between(minimum: int, maximum: int) -> Bounded:
+    """An argparse type: an integer in [`minimum`, `maximum`]."""
+    return Bounded(int, minimum, maximum)
 
 
-def positive_float_up_to(maximum: float | None = None) -> Callable[[str], float]:
-    """An argparse type: a finite number > 0 (and <= `maximum`, when given)."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not value > 0 or value == float("inf"):
-            raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-        if maximum is not None and value > maximum:
-            raise argparse.ArgumentTypeError(f"must be at most {maximum:g}, got {text}")
-        return value
-
-    return parse
+def positive_float_up_to(maximum: float) -> Bounded:
+    """An argparse type: a number > 0 and <= `maximum`."""
+    return Bounded(float, 0.0, maximum, exclusive_minimum=True)
 
 
-positive_float = positive_float_up_to()
+def float_between(minimum: float, maximum: float) -> Bounded:
+    """An argparse type: a number in [`minimum`, `maximum`]."""
+    return Bounded(float, minimum, maximum)
+
+
+seed = int_between(0, MAX_SEED)
+"""Every `--seed`."""
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Help that shows each option's default, "(default: X)", unless its help already says
-    what the default is; options without one (None) and flags show none."""
+    what the default is (options without one, None, and flags show none), and the maximum of
+    each numeric option ("at most N")."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
+        stated = []
         if has_shown_default(action) and "default" not in text.lower():
-            return f"{text} (default: %(default)s)" if text else "default: %(default)s"
-        return text
+            stated.append("default: %(default)s")
+        if isinstance(action.type, Bounded) and "at most" not in text:
+            stated.append(f"at most {action.type.stated_maximum()}")
+        if not stated:
+            return text
+        return f"{text} ({'; '.join(stated)})" if text else "; ".join(stated)
 
 
 def has_shown_default(action: argparse.Action) -> bool:

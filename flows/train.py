@@ -201,8 +201,12 @@ def _report(event: str, **values: Any) -> None:
 
 @task(name="rollout_shard", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
 def rollout_shard(request: ShardRequest, store_root: str) -> ShardOutcome:
-    # Each episode in flight holds a sandbox: take that many of the host's sandbox slots.
-    with sandbox_slots(min(request.max_concurrent_requests, len(request.episodes))):
+    # Each episode in flight holds a sandbox: take that many of the host's sandbox slots, and
+    # keep no more episodes in flight than the slots held (a shard asking for more than the
+    # host's limit runs at the limit rather than past it).
+    with sandbox_slots(min(request.max_concurrent_requests, len(request.episodes))) as held:
+        if held < request.max_concurrent_requests:
+            request = dataclasses.replace(request, max_concurrent_requests=held)
         return rollout_shard_and_commit(request, store_root)
 
 

@@ -3,7 +3,8 @@
 A sandbox is opened over a *snapshot* (a directory holding a task's initial workspace). Commands
 run inside it with the workspace as their working directory; file edits persist between commands
 until `reset()`, which brings the workspace back to the pristine snapshot. `diff()` reports what
-changed. Network is always off.
+changed. Network is off, or reaches only the hosts `Limits.allowed_hosts` lists, through the
+egress proxy (`sandboxes.egress`).
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ LIMIT_MAXIMA: dict[str, int] = {
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Limits:
-    """Resource limits of one sandbox. Every field can be overridden; network is always off."""
+    """Resource limits of one sandbox. Every field can be overridden; network is off unless
+    `allowed_hosts` lists hosts, which are then reached through the egress proxy only."""
 
     wall_time_s: float = 60.0
     """Default wall-clock limit of one `execute` (its `timeout_s` argument overrides it)."""
@@ -66,9 +68,21 @@ class Limits:
     `stat` before any file is read or copied)."""
     workspace_files: int = 50_000
     """Entries (files, directories, links) of the snapshot a sandbox opens over."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Hosts the sandbox's commands may reach, only through rollyard's egress proxy (HTTP and
+    HTTPS via `HTTP_PROXY`; `*.domain` for its subdomains); empty: no network at all. See
+    `sandboxes.egress`."""
 
     def __post_init__(self) -> None:
+        for host in self.allowed_hosts:
+            if not isinstance(host, str) or not host.strip() or any(c in host for c in " /\\@\0"):
+                raise InvalidLimitsError(
+                    f"Limits.allowed_hosts holds {host!r}, which is not a host name; "
+                    "list names such as pypi.org or *.example.com"
+                )
         for field in dataclasses.fields(self):
+            if field.name == "allowed_hosts":
+                continue
             value = getattr(self, field.name)
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise InvalidLimitsError(f"Limits.{field.name} must be a number, got {value!r}")
@@ -83,7 +97,7 @@ class Limits:
                     f"Limits.{field.name} must be at most {maximum}, got {value!r}"
                 )
 
-    def replace(self, **changes: float) -> Limits:
+    def replace(self, **changes: float | tuple[str, ...]) -> Limits:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
 

@@ -4,7 +4,8 @@ Isolation, from the outside in:
 - cgroup per sandbox: memory (swap included), pids, CPU bandwidth; every process is killed
   through it at the end of each `execute`, so daemons and `setsid` children never outlive a call;
 - an unprivileged host uid (`setpriv`), then bwrap with every namespace unshared (no network but
-  its own loopback, own PIDs, own mounts), no capabilities, nested user namespaces disabled, a
+  its own loopback, own PIDs, own mounts; a task that lists hosts reaches them only through the
+  egress proxy's socket, `sandboxes.egress`), no capabilities, nested user namespaces disabled, a
   cleared environment and a seccomp filter;
 - an allowlisted root: system directories and the Python runtime read-only, the workspace as the
   only writable place besides a size-limited /tmp; nothing of the host's home, /tmp or project;
@@ -34,6 +35,7 @@ from pathlib import Path
 from sandboxes import host, supervisor
 from sandboxes.base import WORKSPACE_MOUNT, ExecResult, Limits, Sandbox, WorkspaceDiff
 from sandboxes.cgroups import SandboxCgroup
+from sandboxes.egress import SOCKET_IN_SANDBOX, EgressProxy, proxy_environment, relay_argv
 from sandboxes.errors import SandboxError, SandboxSetupError, WorkspacePathError
 from sandboxes.output import CappedBuffer
 from sandboxes.snapshot import (
@@ -49,15 +51,19 @@ SANDBOX_UID = 1000
 
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 
-# Runs as root for a millisecond: joins the cgroup (so every descendant is accounted and killable
-# from the first instruction), sets the CPU-time rlimit, then execs setpriv -> bwrap. It starts
-# with an empty environment in `/`, and drops the PWD the shell itself sets: bwrap becomes PID 1
-# inside the sandbox, where its environment and command line are readable (/proc/1/environ,
-# /proc/1/cmdline), so neither may carry anything of the host.
+# Runs as root for a millisecond, in a private mount namespace of its own (`unshare`): joins the
+# cgroup (so every descendant is accounted and killable from the first instruction), sets the
+# CPU-time rlimit, binds its sandbox's directory to the layout's `command` directory and drops
+# every sandbox's mounts with one lazy unmount of `live` (`host.isolate_live_mounts`; where
+# `live` is no mount point that unmount fails and changes nothing), then execs setpriv -> bwrap.
+# It starts with an empty environment in `/`, and drops the PWD the shell itself sets: bwrap
+# becomes PID 1 inside the sandbox, where its environment and command line are readable
+# (/proc/1/environ, /proc/1/cmdline), so neither may carry anything of the host.
 _LAUNCHER = (
     "unset PWD OLDPWD; "
     'cpu=$1; shift; while [ "$1" != "--" ]; do echo $$ > "$1" || exit 125; shift; done; shift; '
-    'ulimit -t "$cpu" || exit 125; exec "$@"'
+    'ulimit -t "$cpu" || exit 125; '
+    '"$1" --rbind "$3" "$4" || exit 125; "$2" --lazy "$5" 2>/dev/null; shift 5; exec "$@"'
 )
 
 
@@ -123,10 +129,14 @@ class BwrapSandbox(Sandbox):
         self._layer = self._dir / "layer"
         self._merged = self._dir / "merged"
         self._cgroup: SandboxCgroup | None = None
+        self._egress: EgressProxy | None = None
         try:
-            for directory in (self._layout.root, self._layout.live, self._dir):
+            for directory in (self._layout.root, self._layout.live, self._layout.command):
                 directory.mkdir(mode=0o711, exist_ok=True)
                 directory.chmod(0o711)  # bwrap runs as the sandbox uid and must traverse here
+            host.isolate_live_mounts(self._layout)
+            self._dir.mkdir(mode=0o711)
+            self._dir.chmod(0o711)
             self._layer.mkdir()
             self._merged.mkdir()
             self._cgroup = SandboxCgroup(
@@ -134,6 +144,8 @@ class BwrapSandbox(Sandbox):
             )
             self._mount_runtime()
             self._mount_workspace()
+            if limits.allowed_hosts:
+                self._egress = EgressProxy(self._dir / "egress.sock", limits.allowed_hosts)
         except BaseException:
             self._release()
             raise
@@ -203,6 +215,10 @@ class BwrapSandbox(Sandbox):
             if not name or "=" in name or "\0" in name or "\0" in value:
                 raise ValueError(f"invalid environment variable name or value: {name!r}")
             environment[name] = value
+        if self._egress is not None:
+            # The only way out: the relay on the sandbox's loopback to the host's proxy socket.
+            environment.update(proxy_environment())
+            inner = relay_argv(inner)
         bwrap = [
             self._bwrap, "--unshare-all", "--unshare-user", "--disable-userns",
             "--die-with-parent", "--new-session", "--cap-drop", "ALL",
@@ -218,10 +234,16 @@ class BwrapSandbox(Sandbox):
         ]  # fmt: skip
         # After /tmp: an interpreter or venv that lives under /tmp on the host must be bound on
         # top of the sandbox's fresh /tmp, not hidden by it.
+        # Paths under `command`: where the launcher binds this sandbox's directory.
+        command_dir = self._layout.command
         for index, runtime in enumerate(host.python_runtime_dirs()):
-            bwrap += ["--ro-bind", str(self._dir / "runtime" / str(index)), str(runtime)]
+            bwrap += ["--ro-bind", str(command_dir / "runtime" / str(index)), str(runtime)]
+        if self._egress is not None:
+            socket_name = self._egress.socket_path.relative_to(self._dir)
+            bwrap += ["--ro-bind", str(command_dir / socket_name), SOCKET_IN_SANDBOX]
         bwrap += [
-            "--bind", str(self._merged), WORKSPACE_MOUNT, "--chdir", WORKSPACE_MOUNT,
+            "--bind", str(command_dir / self._merged.name), WORKSPACE_MOUNT,
+            "--chdir", WORKSPACE_MOUNT,
             "--remount-ro", "/", "--clearenv",
         ]  # fmt: skip
         for name, value in environment.items():
@@ -231,10 +253,13 @@ class BwrapSandbox(Sandbox):
         os.write(args_fd, options)
         os.lseek(args_fd, 0, os.SEEK_SET)
         uid = str(host.SANDBOX_HOST_UID)
-        setpriv = [host.setpriv_path(), f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+        setpriv = [host.tool_path("setpriv"), f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
         procs = [str(p) for p in self._cgroup.procs_files]
-        return ["/bin/sh", "-c", _LAUNCHER, "launcher", str(cpu_time_s), *procs, "--",
-                *setpriv, bwrap[0], "--args", str(args_fd), "--", *inner]  # fmt: skip
+        private_mounts = [host.tool_path("unshare"), "--mount", "--propagation", "private"]
+        detach = [host.tool_path("mount"), host.tool_path("umount"), str(self._dir),
+                  str(command_dir), str(self._layout.live)]  # fmt: skip
+        return [*private_mounts, "/bin/sh", "-c", _LAUNCHER, "launcher", str(cpu_time_s), *procs,
+                "--", *detach, *setpriv, bwrap[0], "--args", str(args_fd), "--", *inner]  # fmt: skip
 
     def execute(
         self,
@@ -500,6 +525,8 @@ class BwrapSandbox(Sandbox):
 
     def _release(self) -> None:
         errors: list[BaseException] = []
+        if self._egress is not None:
+            self._egress.close()
         if self._cgroup is not None:
             try:
                 self._cgroup.remove()

@@ -35,6 +35,7 @@ from typing import Any
 from rollyard.settings import settings
 from sandboxes import host
 from sandboxes.base import WORKSPACE_MOUNT, ExecResult, Limits, Sandbox, WorkspaceDiff
+from sandboxes.egress import SOCKET_IN_SANDBOX, EgressProxy, proxy_environment, relay_argv
 from sandboxes.errors import (
     SandboxSetupError,
     SandboxUnavailableError,
@@ -193,6 +194,40 @@ def harbor_task_image(
     dockerfile = (environment_dir / "Dockerfile").read_text(encoding="utf-8")
     image = build_layer(base or base_image(), dockerfile, environment_dir, kind="task-env",
                         network=True, timeout_s=build_timeout_s, client=client)  # fmt: skip
+    return _workdir_layer(image, workdir, client=client)
+
+
+def pulled_task_image(reference: str, workdir: str | None = None, *, client: Any = None) -> str:
+    """The image of a Harbor task that names a pre-built one (`[environment] docker_image`) and
+    no Dockerfile: the engine's copy, pulled when it has none, used as is (not rebuilt on the
+    base image), with its WORKDIR (`workdir` overrides it) leading to the workspace as for a
+    built one. It must hold `sh` and `python3` (the container's reaper). A pull that fails
+    raises `SandboxUnavailableError` saying how to provide the image."""
+    import docker
+
+    client = client or _shared_client()
+    try:
+        found = client.images.get(reference)
+    except docker.errors.ImageNotFound:
+        try:
+            found = client.images.pull(reference)
+        except Exception as error:
+            # The engine's own words (a name that does not resolve, a denied pull), not the SDK's.
+            text = str(getattr(error, "explanation", None) or error).strip().splitlines()
+            raise SandboxUnavailableError(
+                f"cannot pull the task's image {reference} "
+                f"({text[0][:200] if text else type(error).__name__}); load it into the engine "
+                "(`docker pull` where its registry is reachable, then `docker save` | `docker "
+                "load` here), or give the task an environment/Dockerfile"
+            ) from None
+    configured = str((found.attrs.get("Config") or {}).get("WorkingDir") or "/")
+    return _workdir_layer(reference, workdir or configured, client=client)
+
+
+def _workdir_layer(image: str, workdir: str, *, client: Any) -> str:
+    """`image` with its WORKDIR's content moved to /workspace and the WORKDIR a symlink to it,
+    so the agent and the verifier work where the task says and the sandbox sees their changes
+    under /workspace (the image itself where the WORKDIR is / or /workspace)."""
     workdir = posixpath.normpath(workdir)
     if workdir in ("/", WORKSPACE_MOUNT):
         return image
@@ -337,8 +372,28 @@ class DockerSandbox(Sandbox):
         self._container: Any = None
         self._spare: Future[Any] | None = None
         self._pending: list[Future[None]] = []
-        self._start_container()
+        self._egress: EgressProxy | None = None
+        if limits.allowed_hosts:
+            # The container keeps no network; the proxy's socket is its only way out. Its
+            # directory is named like a sandbox's, so an owner killed mid-run has it swept.
+            layout = host.host_layout()
+            egress_dir = layout.live / f"{host.owner_token()}-{secrets.token_hex(6)}"
+            for directory in (layout.root, layout.live, egress_dir):
+                directory.mkdir(mode=0o711, exist_ok=True)
+                directory.chmod(0o711)  # the container's uid 1000 must traverse to the socket
+            self._egress = EgressProxy(egress_dir / "egress.sock", limits.allowed_hosts)
+        try:
+            self._start_container()
+        except BaseException:
+            self._close_egress()
+            raise
         self._closed = False
+
+    def _close_egress(self) -> None:
+        if self._egress is not None:
+            self._egress.close()
+            host.release_runtime_dir(self._egress.socket_path.parent)
+            self._egress = None
 
     # -- container lifecycle -------------------------------------------------------------------
 
@@ -357,7 +412,7 @@ class DockerSandbox(Sandbox):
                        "/dev/shm": f"size={limits.disk_mb}m,mode=1777"},
                 ulimits=[{"Name": "nofile", "Soft": 1024, "Hard": 1024}],
                 working_dir=WORKSPACE_MOUNT, hostname="sandbox", stop_signal="SIGTERM",
-                labels={LABEL: "1", OWNER_LABEL: host.owner_token()},
+                labels={LABEL: "1", OWNER_LABEL: host.owner_token()}, mounts=self._mounts(),
             )  # fmt: skip
             container.reload()
         except Exception as error:
@@ -365,6 +420,16 @@ class DockerSandbox(Sandbox):
                 _remove(container)
             raise SandboxSetupError(f"cannot start a container of {self.image}: {error}") from error
         return container
+
+    def _mounts(self) -> list[Any]:
+        """The one host path a container may see: the egress proxy's socket, where the task
+        allows hosts (read-only; a socket is connected to, never written)."""
+        if self._egress is None:
+            return []
+        import docker
+
+        return [docker.types.Mount(SOCKET_IN_SANDBOX, str(self._egress.socket_path),
+                                   type="bind", read_only=True)]  # fmt: skip
 
     def _adopt(self, container: Any) -> None:
         self._container = container
@@ -395,6 +460,7 @@ class DockerSandbox(Sandbox):
             except SandboxSetupError as error:
                 errors.append(error)
         self._pending.clear()
+        self._close_egress()
         if errors:
             raise errors[0]
 
@@ -483,6 +549,9 @@ class DockerSandbox(Sandbox):
             if not name or "=" in name or "\0" in name or "\0" in value:
                 raise ValueError(f"invalid environment variable name or value: {name!r}")
             environment[name] = value
+        if self._egress is not None:
+            environment.update(proxy_environment())
+            inner = relay_argv(inner, python="python3")
         cpu_time_s = str(max(1, int(-(-self.limits.cpu_time_s // 1))))
         if stdin is not None:
             stdin_path = f"{STATE_DIR}/stdin-{secrets.token_hex(6)}"

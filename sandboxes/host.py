@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
+import fcntl
 import functools
 import os
 import shutil
@@ -60,6 +61,12 @@ class HostLayout:
         return self.root / "live"
 
     @property
+    def command(self) -> Path:
+        """Empty on the host; in each command's private mount namespace, its sandbox's
+        directory is bound here (see `isolate_live_mounts`)."""
+        return self.root / "command"
+
+    @property
     def docker_snapshots(self) -> Path:
         return self.root / "docker-snapshots"
 
@@ -84,7 +91,7 @@ def check_host() -> str:
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         problems.append("bubblewrap is not installed: apt-get install bubblewrap")
-    for tool in ("setpriv",):
+    for tool in UTIL_LINUX_TOOLS:
         if shutil.which(tool) is None:
             problems.append(f"{tool} is not installed: apt-get install util-linux")
     max_userns = Path("/proc/sys/user/max_user_namespaces")
@@ -117,12 +124,16 @@ def check_host() -> str:
     return bwrap
 
 
+UTIL_LINUX_TOOLS = ("setpriv", "unshare", "mount", "umount")
+"""What the launcher runs before bwrap (dropping to the sandbox uid, a private mount namespace)."""
+
+
 @functools.cache
-def setpriv_path() -> str:
-    """Absolute path of setpriv: the launcher runs with an empty environment, so no PATH."""
-    path = shutil.which("setpriv")
+def tool_path(name: str) -> str:
+    """Absolute path of a launcher tool: the launcher runs with an empty environment, no PATH."""
+    path = shutil.which(name)
     if path is None:
-        raise SandboxUnavailableError("setpriv is not installed: apt-get install util-linux")
+        raise SandboxUnavailableError(f"{name} is not installed: apt-get install util-linux")
     return path
 
 
@@ -207,6 +218,53 @@ def umount(target: Path) -> None:
         code = ctypes.get_errno()
         if code not in (errno.EINVAL, errno.ENOENT):  # not mounted: nothing to undo
             raise SandboxSetupError(f"umount {target} failed: {os.strerror(code)}")
+
+
+MS_PRIVATE = 1 << 18
+_live_isolated: set[Path] = set()
+
+
+def isolate_live_mounts(layout: HostLayout) -> None:
+    """Make `layout.live` a mount of its own (bound onto itself, private), once per root.
+
+    bwrap starts in a copy of its caller's mount namespace and walks the whole table while it
+    builds the sandbox, so on a host with N open sandboxes (4 mounts each) every command paid
+    for all of them: ~0.7 ms a mount, 2.9 s a command at 1,000 open. With `live` a mount point,
+    each command's launcher enters a private mount namespace, binds its own sandbox's directory
+    to `layout.command` and drops every sandbox's mounts there with one lazy unmount of
+    `live`; bwrap then sees only the host's own mounts. Nothing of this reaches the host.
+
+    Only an empty `live` is bound: binding over one that already holds mounted sandboxes (of a
+    version before this) would hide their mounts from them. There the launcher's unmount fails
+    harmlessly and bwrap walks the full table, as before."""
+    live = layout.live
+    if live in _live_isolated:
+        return
+    with open(layout.root / ".live.lock", "a") as lock:
+        # Two owners binding at once would stack two mounts, hiding the first one's sandboxes.
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _is_mount_point(live) and not any(live.iterdir()):
+            if _libc.mount(str(live).encode(), str(live).encode(), None, MS_BIND, None) != 0:
+                code = ctypes.get_errno()
+                raise SandboxSetupError(f"bind mount {live} on itself failed: {os.strerror(code)}")
+            # Private: sandbox mounts under it never propagate to other namespaces' copies.
+            if _libc.mount(None, str(live).encode(), None, MS_PRIVATE, None) != 0:
+                code = ctypes.get_errno()
+                raise SandboxSetupError(f"making {live} private failed: {os.strerror(code)}")
+    _live_isolated.add(live)
+
+
+def _is_mount_point(path: Path) -> bool:
+    # Not os.path.ismount: a directory bound onto itself has the same device as its parent.
+    target = str(path).replace(" ", "\\040")
+    with open("/proc/self/mounts") as mounts:
+        return any(line.split()[1] == target for line in mounts)
+
+
+def sandbox_mounts(layout: HostLayout) -> list[Path]:
+    """Mounts that sandboxes hold under `layout.root`: everything but `live` itself, which
+    stays bound once isolated."""
+    return [target for target in mounts_under(layout.root) if target != layout.live]
 
 
 def mounts_under(directory: Path) -> list[Path]:

@@ -79,6 +79,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Transaction
+from deltalake import Field as DeltaField
 from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
@@ -181,6 +182,8 @@ class CommitEngine:
         # up is far cheaper than opening the table again).
         self._spare_handles: list[dict[str, DeltaTable]] = []
         self._spare_lock = threading.Lock()
+        # Tables known to hold every column of their spec (see `_bring_up_to_date`).
+        self._current: set[str] = set()
 
     def __repr__(self) -> str:
         return f"CommitEngine({self.root!r})"
@@ -282,6 +285,15 @@ class CommitEngine:
         handles[spec.name] = table
         return table
 
+    def _bring_up_to_date(self, spec: TableSpec, table: DeltaTable) -> None:
+        """Give the table (the handle, in place) the columns added since it was written
+        (`TableSpec.added`) if it lacks them, before a writer commits to it: readers read an
+        older table as it is, and only a writer changes it."""
+        missing = _check_schema(spec, table, self.table_uri(spec.name))
+        if missing:
+            _add_columns(spec, table, missing)
+        self._current.add(spec.name)
+
     # ---- writing ------------------------------------------------------------------------------
 
     def write_file(
@@ -320,6 +332,8 @@ class CommitEngine:
         A writer killed before the commit leaves only files the log does not reference, which no
         reader sees.
         """
+        if spec.added and spec.name not in self._current:
+            self._bring_up_to_date(spec, table)
         table.create_write_transaction(
             list(actions),
             "append",
@@ -754,10 +768,16 @@ def _pending_without_steps(
     return found
 
 
-def _check_schema(spec: TableSpec, table: DeltaTable, uri: str) -> None:
+def _check_schema(spec: TableSpec, table: DeltaTable, uri: str) -> list[pa.Field]:
+    """The fields of `spec` an older table lacks (columns added since, see `TableSpec.added`);
+    raises for any other difference."""
     actual = pa.schema(table.schema().to_arrow())
+    missing: list[pa.Field] = []
     for expected in spec.schema:
         index = actual.get_field_index(expected.name)
+        if index < 0 and expected.name in spec.added_columns:
+            missing.append(expected)
+            continue
         if index < 0:
             raise SchemaMismatchError(
                 f"{uri}: field {expected.name!r} is missing; rollyard schema "
@@ -776,6 +796,19 @@ def _check_schema(spec: TableSpec, table: DeltaTable, uri: str) -> None:
             f"{uri}: field(s) {extra} are not in rollyard schema v{spec.version} of "
             f"{spec.name!r}; the table was written by another version or tool"
         )
+    return missing
+
+
+def _add_columns(spec: TableSpec, table: DeltaTable, missing: Sequence[pa.Field]) -> None:
+    """Add the nullable columns an older table lacks (`missing`), in one metadata-only commit
+    on the handle `table`: no file is rewritten, readers see nulls in the older files. Two
+    writers doing this at once conflict; the loser finds the columns there."""
+    try:
+        table.alter.add_columns([DeltaField.from_arrow(field) for field in missing])
+    except Exception:
+        table.update_incremental()
+        if _check_schema(spec, table, table.table_uri):
+            raise
 
 
 _HELPERS: tuple[int, ThreadPoolExecutor] | None = None

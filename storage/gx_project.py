@@ -5,6 +5,9 @@ run renders (`STORE/gx/uncommitted/data_docs/local_site`). Open it with GX's own
     context = gx.get_context(mode="file", project_root_dir=STORE)
     suite = context.suites.get("iteration.episodes")
 
+The gate builds each run's Data Docs itself, once after its checkpoints (which carry no
+actions): a checkpoint run by hand renders nothing until `context.build_data_docs()`.
+
 An object-storage store keeps its GX project under `./.rollyard` (GX's file context is local).
 GX is imported inside `open_context` only (its import takes seconds).
 """

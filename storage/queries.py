@@ -242,6 +242,19 @@ _QUERIES = (
         """,
     ),
     NamedQuery(
+        "named_rewards",
+        "Per run, iteration and metric: the verifier's named rewards (a Harbor task's "
+        "reward.json) over the episodes that wrote them; `reward` is the one that trains.",
+        """
+        SELECT run_id, iteration, entry.key AS metric, count(*) AS episodes,
+               avg(entry.value) AS mean, min(entry.value) AS min, max(entry.value) AS max
+        FROM (SELECT run_id, iteration, unnest(map_entries(rewards)) AS entry
+              FROM episodes WHERE rewards IS NOT NULL)
+        GROUP BY ALL
+        ORDER BY run_id, iteration, metric
+        """,
+    ),
+    NamedQuery(
         "pass_at_k",
         "Per evaluation run: pass@k over all tasks, per family and per task (`rollyard "
         "evaluate`), with what acted.",

@@ -11,7 +11,7 @@ with its own reader; the rest (and remote stores) as Arrow datasets built from t
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -355,8 +355,42 @@ def _delta_scan_sql(spec: TableSpec, table: DeltaTable, uri: str, hidden: set[st
     if "'" in uri or (spec.name == "steps" and hidden):
         return None
     location = uri if "://" in uri else Path(uri).absolute().as_uri()
-    columns = ", ".join(f'"{name}"' for name in spec.schema.names)
+    lacking = spec.added_columns - set(table.schema().to_arrow().names)
+    nulls = _typed_nulls(spec, lacking)
+    if nulls is None:
+        return None
+    columns = ", ".join(nulls.get(name, f'"{name}"') for name in spec.schema.names)
     return f"SELECT {columns} FROM delta_scan('{location}', version => {table.version()})"
+
+
+# DuckDB's names for the types of columns added since v3 (`TableSpec.added`), which an older
+# table or file lacks and a view fills with typed nulls.
+_DUCK_TYPES: dict[pa.DataType, str] = {pa.map_(pa.string(), pa.float64()): "MAP(VARCHAR, DOUBLE)"}
+
+
+def _typed_nulls(spec: TableSpec, names: Collection[str]) -> dict[str, str] | None:
+    """A typed null select item per named column (columns added since v3); None where a type
+    has no DuckDB name here (the caller then reads through Arrow)."""
+    nulls = {}
+    for name in sorted(names):
+        duck = _DUCK_TYPES.get(spec.schema.field(name).type)
+        if duck is None:
+            return None
+        nulls[name] = f'CAST(NULL AS {duck}) AS "{name}"'
+    return nulls
+
+
+def _with_added_columns(spec: TableSpec, source: str) -> str | None:
+    """`source` (a table function reading the table's files) with the columns added since v3
+    (`TableSpec.added`) null where a file predates them; None where it cannot be."""
+    nulls = _typed_nulls(spec, spec.added_columns)
+    if not nulls:
+        return source if nulls is not None else None
+    # A typed empty row unioned by name gives every added column its type even when no file
+    # holds it yet; files that hold it give their values.
+    return (
+        f"(SELECT {', '.join(nulls.values())} WHERE false UNION ALL BY NAME SELECT * FROM {source})"
+    )
 
 
 def _parquet_view_sql(spec: TableSpec, table: DeltaTable, uri: str, hidden: set[str]) -> str | None:
@@ -366,8 +400,8 @@ def _parquet_view_sql(spec: TableSpec, table: DeltaTable, uri: str, hidden: set[
     Partition values come from the directory names (`key=value`, percent-decoded by DuckDB), so
     every file's directory must decode to the partition values in the log (long values are cut
     in directory names), and the root must hold no glob characters or `=`. Every file must hold
-    every other column of the schema: true of all files rollyard and delta-rs write for schema v1;
-    a schema change that adds columns must read with `union_by_name` or fall back here.
+    every other column of the schema but those added since (`TableSpec.added`), which a file
+    written before lacks: those are read by name and null where a file has none.
     """
     if table.protocol().min_reader_version > 1 or any(c in uri for c in "*?[]{}="):
         return None
@@ -403,5 +437,10 @@ def _parquet_view_sql(spec: TableSpec, table: DeltaTable, uri: str, hidden: set[
         if spec.partition_by
         else ", hive_partitioning = false"
     )
+    if spec.added:
+        options += ", union_by_name = true"
+    source = _with_added_columns(spec, f"read_parquet([{listed}]{options})")
+    if source is None:
+        return None
     columns = ", ".join(f'"{name}"' for name in spec.schema.names)
-    return f"SELECT {columns} FROM read_parquet([{listed}]{options})"
+    return f"SELECT {columns} FROM {source}"

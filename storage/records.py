@@ -77,6 +77,7 @@ class EpisodeRecord:
     task_family: str | None = None
     instruction: str | None = None
     fixed_fraction: float | None = None
+    rewards: Mapping[str, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)

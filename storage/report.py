@@ -1,6 +1,6 @@
-"""A self-contained HTML report of a store: reward curves, failure taxonomy, throughput, quality
-gate history, evaluations, checkpoints and the task library — one file with its figures inlined
-as PNG, readable offline and attachable to a ticket.
+"""A self-contained HTML report of a store: reward curves, named rewards, failure taxonomy,
+throughput, quality gate history, evaluations, checkpoints and the task library — one file with
+its figures inlined as PNG, readable offline and attachable to a ticket.
 
     from storage.report import write_report
     write_report(TrajectoryStore("store"), "report.html")
@@ -92,7 +92,13 @@ _QUERIES: dict[str, str] = {
     """,
 }
 
-_NAMED_SECTIONS = ("failure_taxonomy", "throughput", "pass_rate_by_difficulty", "hack_flag_rates")
+_NAMED_SECTIONS = (
+    "failure_taxonomy",
+    "throughput",
+    "pass_rate_by_difficulty",
+    "hack_flag_rates",
+    "named_rewards",
+)
 
 
 def collect(store: TrajectoryStore, *, run_id: str | None = None) -> dict[str, Rows]:
@@ -267,6 +273,10 @@ def render_html(
         parts.append(_table(rows, empty="", bad_column="quarantined"))
     if not runs:
         parts.append('<p class="empty">No iterations yet.</p>')
+    parts.append('<h2 id="named-rewards">Named rewards</h2>')
+    parts.append(
+        _table(tables["named_rewards"], empty="No verifier wrote named rewards (reward.json).")
+    )
     parts.append('<h2 id="evaluation">Held-out evaluation</h2>')
     parts.append(_table(tables["evaluations"], empty="No checkpoint has been evaluated yet."))
     parts.append('<h2 id="gates">Quality gate history</h2>')

@@ -15,9 +15,12 @@ import pyarrow as pa
 # model's turns token in / token out (turn, tool_call_id, prompt_token_ids, finish_reason,
 # reply_message). v3: episodes keep the task's instruction, its family and the share of its
 # failing tests fixed, so an export or a trainer rebuilds a whole conversation and its training
-# signal from the store alone. An older table lacks columns and is refused on open (see
-# `_check_schema`): write a new store.
-SCHEMA_VERSION = 3
+# signal from the store alone. v4: episodes keep the verifier's named rewards (a Harbor task's
+# `reward.json` metrics). Tables older than v3 lack columns and are refused on open (see
+# `_check_schema`): write a new store. From v3 on, a column is only ever added, nullable, and
+# listed in its table's `added`: a table that lacks it is read with nulls in it and gains it
+# (a metadata-only Delta commit) when a writer first opens it.
+SCHEMA_VERSION = 4
 
 # Observations can be megabytes (a `cat` of a log); the store keeps the head and the original length
 # so queries stay fast and the cut is visible.
@@ -34,6 +37,9 @@ class TableSpec:
     schema: pa.Schema
     partition_by: tuple[str, ...] = ()
     version: int = SCHEMA_VERSION
+    added: tuple[tuple[str, int], ...] = ()
+    """(column, schema version that added it) for the nullable columns added since v3; a table
+    written before lacks them."""
 
     @property
     def description(self) -> str:
@@ -45,6 +51,11 @@ class TableSpec:
         """Names of the fields a record must provide (non-nullable ones)."""
         return tuple(f.name for f in self.schema if not f.nullable)
 
+    @property
+    def added_columns(self) -> frozenset[str]:
+        """Columns an older table of this name may lack (see `added`)."""
+        return frozenset(name for name, _ in self.added)
+
 
 def _f(name: str, type_: pa.DataType, nullable: bool = True) -> pa.Field:
     return pa.field(name, type_, nullable=nullable)
@@ -53,6 +64,7 @@ def _f(name: str, type_: pa.DataType, nullable: bool = True) -> pa.Field:
 EPISODES = TableSpec(
     name="episodes",
     partition_by=("run_id", "iteration"),
+    added=(("rewards", 4),),
     schema=pa.schema(
         [
             _f("episode_id", pa.string(), False),
@@ -106,6 +118,11 @@ EPISODES = TableSpec(
             _f("verify_s", pa.float64()),
             _f("worker", pa.string()),
             _f("error", pa.string()),
+            # The verifier's named rewards (metric name -> value): a Harbor task's `reward.json`,
+            # or {"reward": r} from its `reward.txt`; null for verifiers that name none and for
+            # episodes without a verdict. `reward` is the primary one among them (see
+            # docs/harbor.md, "Rewards"). Last, as added in v4 (see `added`).
+            _f("rewards", pa.map_(pa.string(), pa.float64())),
         ]
     ),
 )

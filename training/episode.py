@@ -92,6 +92,11 @@ class Verdict(Protocol):
     @property
     def flags(self) -> Sequence[VerdictFlag]: ...
     @property
+    def metrics(self) -> Mapping[str, float]:
+        """Named rewards the verifier wrote (a Harbor task's `reward.json`); empty if none."""
+        ...
+
+    @property
     def detail(self) -> str:
         """One line on what happened; the error for a status without a reward."""
         ...
@@ -119,6 +124,7 @@ class _Scored:
     passed: bool | None = None
     fixed_fraction: float | None = None
     flags: tuple[str, ...] = ()
+    rewards: Mapping[str, float] | None = None
 
 
 def _read_verdict(
@@ -148,6 +154,7 @@ def _read_verdict(
         passed=reward >= 1.0,
         fixed_fraction=fixed_fraction,
         flags=tuple(f"{flag.rule}:{flag.path}" for flag in verdict.flags),
+        rewards=dict(verdict.metrics) or None,
     )
 
 
@@ -388,6 +395,7 @@ def run_episode(
     passed: bool | None = None
     fixed_fraction: float | None = None
     flags: tuple[str, ...] = ()
+    rewards: Mapping[str, float] | None = None
     identity = policy.identity()
     snapshot_digest = ""
 
@@ -413,7 +421,7 @@ def run_episode(
             scored = _Scored(EpisodeStatus.VERIFIER_ERROR, _describe(failure))
         status, error = scored.status, scored.error
         reward, partial_credit, passed = scored.reward, scored.partial_credit, scored.passed
-        fixed_fraction, flags = scored.fixed_fraction, scored.flags
+        fixed_fraction, flags, rewards = scored.fixed_fraction, scored.flags, scored.rewards
         verify_s = time.monotonic() - verify_start
 
     return Trajectory(
@@ -435,6 +443,7 @@ def run_episode(
         passed=passed,
         fixed_fraction=fixed_fraction,
         flags=flags,
+        rewards=rewards,
         error=error,
         seed=seed,
         wall_s=time.monotonic() - start,

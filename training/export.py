@@ -3,7 +3,7 @@ three layouts:
 
 - `hf`: one row per episode, everything rollyard knows of it — the conversation as OpenAI chat
   `messages` (system, the instruction, assistant tool calls, tool answers), the tools' JSON
-  schemas, what acted, the reward, the group-relative advantage
+  schemas, what acted, the reward (and the verifier's named rewards), the group-relative advantage
   (`training.advantages.group_advantages`), the advantage each action trains with (`step_advantages`:
   the group advantage plus the action's trial credit; null for an action without signal), and
   per language-model turn the exact prompt ids, sampled ids and sampler logprobs.
@@ -81,6 +81,12 @@ _EPISODE_FIELDS = [
     pa.field("sampling", pa.string()),
     pa.field("status", pa.string()),
     pa.field("reward", pa.float64()),
+    # The verifier's named rewards (`reward` is the primary one among them); null if none. A list
+    # of (name, value) rather than the store's map: HF datasets has no map type.
+    pa.field(
+        "rewards",
+        pa.list_(pa.struct([pa.field("name", pa.string()), pa.field("value", pa.float64())])),
+    ),
     pa.field("passed", pa.bool_()),
     pa.field("advantage", pa.float64()),
     pa.field("step_advantages", pa.list_(pa.float64())),
@@ -185,6 +191,9 @@ def episode_rows(
                 "sampling": identity.sampling if identity else None,
                 "status": str(trajectory.status),
                 "reward": trajectory.reward,
+                "rewards": [{"name": k, "value": v} for k, v in trajectory.rewards.items()]
+                if trajectory.rewards
+                else None,
                 "passed": trajectory.passed,
                 "advantage": advantages.get(trajectory.episode_id),
                 "step_advantages": action_advantages,

@@ -138,6 +138,7 @@ def _trajectory(row: Mapping[str, Any], step_rows: Sequence[Mapping[str, Any]]) 
         passed=row["passed"],
         fixed_fraction=row["fixed_fraction"],
         flags=tuple(row["flags"] or ()),
+        rewards=dict(row["rewards"]) if row.get("rewards") else None,
         error=row["error"],
         wall_s=row["wall_s"] or 0.0,
         sandbox_s=row["sandbox_s"] or 0.0,

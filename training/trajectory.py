@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from rollyard.status import EpisodeStatus, check_reward, is_trainable
@@ -111,6 +112,9 @@ class Trajectory:
     workspace, unlike `partial_credit`, which counts the tests that passed all along)."""
     flags: tuple[str, ...] = ()
     """Reward-hack and guard flags the verifier raised."""
+    rewards: Mapping[str, float] | None = None
+    """The verifier's named rewards (a Harbor task's `reward.json`); `reward` is the primary one
+    among them. None where the verifier named none or gave no verdict."""
     error: str | None = None
     """What went wrong, for every status but `ok`."""
     seed: int = 0
@@ -196,6 +200,7 @@ class Trajectory:
             task_family=self.task_family,
             instruction=self.instruction,
             fixed_fraction=self.fixed_fraction,
+            rewards=dict(self.rewards) if self.rewards else None,
         )
 
     def to_step_records(self) -> list[StepRecord]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from flows.cli import add_store_option
+from flows.cli import MAX_COUNT, add_store_option, int_between
 from flows.errors import CliError
 from flows.output import add_format_option, emit, note, progress
 from rollyard.errors import EXIT_USAGE
@@ -20,12 +20,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     audit.add_argument("--run-id", required=True, help="the run whose trajectories to audit")
     audit.add_argument(
         "--iteration",
-        type=int,
+        type=int_between(0, MAX_COUNT),
         action="append",
         default=[],
         help="audit this iteration (repeatable; default: all)",
     )
-    audit.add_argument("--top-k", type=int, default=5, help="episodes per iteration")
+    audit.add_argument(
+        "--top-k", type=int_between(1, MAX_COUNT), default=5, help="episodes per iteration"
+    )
     add_format_option(audit)
     audit.set_defaults(handler=audit_command)
 

@@ -9,10 +9,13 @@ import argparse
 import json
 from typing import Any
 
-from flows.cli import add_store_option, non_negative_int
+from flows.cli import MAX_WORKERS, add_store_option, int_between
 from flows.errors import CliError
 from flows.output import add_format_option, emit, note, progress
 from rollyard.errors import EXIT_USAGE
+
+MAX_RERUNS = 1_000
+"""Runs of one candidate's tests: past this a flake rate is known to three digits already."""
 
 # The policy names without importing the curation library: `rollyard --help` stays fast.
 POLICIES = ("instance", "repository", "off")
@@ -63,13 +66,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     curate.add_argument(
         "--reruns",
-        type=non_negative_int,
+        type=int_between(0, MAX_RERUNS),
         default=None,
         help="fresh-sandbox runs per candidate (default: from flake rate)",
     )
     curate.add_argument(
         "--order-runs",
-        type=non_negative_int,
+        type=int_between(0, MAX_RERUNS),
         default=None,
         help="reordered runs per candidate (default 2)",
     )
@@ -80,7 +83,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="checkpoint whose pass rate buckets each task's difficulty",
     )
     add_format_option(curate)
-    curate.add_argument("--workers", type=non_negative_int, default=2, help="Dask worker processes")
+    curate.add_argument(
+        "--workers", type=int_between(0, MAX_WORKERS), default=2, help="Dask worker processes"
+    )
     curate.add_argument("--dask-address", default=None, help="a running Dask scheduler")
     curate.add_argument("--batch-id", default=None, help="tasks-table batch id (default: new)")
     curate.set_defaults(handler=curate_command)

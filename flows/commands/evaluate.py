@@ -8,7 +8,18 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from flows.cli import add_store_option, positive_float, positive_int
+from flows.cli import (
+    MAX_ATTEMPTS,
+    MAX_GROUP_SIZE,
+    MAX_SECONDS,
+    MAX_SHARDS,
+    MAX_STEPS,
+    MAX_WORKERS,
+    add_store_option,
+    int_between,
+    positive_float_up_to,
+    seed,
+)
 from flows.commands.policy_options import add_policy_options, sampling_from
 from flows.errors import CliError
 from flows.output import add_format_option, emit, note, progress
@@ -30,27 +41,35 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_store_option(parser)
     add_policy_options(parser, sampling=True)
     parser.add_argument(
-        "--samples", type=positive_int, default=4, metavar="K", help="samples per task (4)"
+        "--samples",
+        type=int_between(1, MAX_GROUP_SIZE),
+        default=4,
+        metavar="K",
+        help="samples per task",
     )
     parser.add_argument("--run-id", default=None, help="default: derived from what is evaluated")
-    parser.add_argument("--max-steps", type=positive_int, default=8,
+    parser.add_argument("--max-steps", type=int_between(1, MAX_STEPS), default=8,
                         help="actions per episode at most")  # fmt: skip
-    parser.add_argument("--shards", type=positive_int, default=4, help="Prefect tasks (4)")
-    parser.add_argument("--workers", type=positive_int, default=2, help="Dask worker processes")
+    parser.add_argument(
+        "--shards", type=int_between(1, MAX_SHARDS), default=4, help="Prefect tasks"
+    )
+    parser.add_argument(
+        "--workers", type=int_between(1, MAX_WORKERS), default=2, help="Dask worker processes"
+    )
     parser.add_argument("--dask-address", default=None, help="a running Dask scheduler")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the episodes' sampling")
+    parser.add_argument("--seed", type=seed, default=0, help="seed of the episodes' sampling")
     parser.add_argument(
         "--max-attempts",
-        type=positive_int,
+        type=int_between(1, MAX_ATTEMPTS),
         default=3,
-        help="attempts per episode after infra failures (default 3)",
+        help="attempts per episode after infra failures",
     )
     parser.add_argument(
         "--no-worker-timeout",
-        type=positive_float,
+        type=positive_float_up_to(MAX_SECONDS),
         default=120.0,
         metavar="SECONDS",
-        help="fail after the Dask cluster has had no worker this long (default 120)",
+        help="fail after the Dask cluster has had no worker this long",
     )
     add_format_option(parser)
     parser.set_defaults(handler=evaluate_command)

@@ -7,24 +7,26 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from flows.cli import positive_int
+from flows.cli import MAX_COUNT, int_between, seed
 from flows.errors import CliError
 from flows.output import add_format_option, emit, progress
 from rollyard.errors import EXIT_FAILED
 
-FAMILIES = ("data_analysis", "ops", "settings")
+FAMILIES = ("data_analysis", "flags", "ops", "settings")
 """The built-in families beyond bug fixing (`rollyard tasks demo` writes bug-fix tasks)."""
 
 
 def register_tasks_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the family commands to the `tasks` group's sub-commands."""
     generate = commands.add_parser(
-        "generate", help="write N tasks of a built-in family (data_analysis, ops)"
+        "generate", help="write N tasks of a built-in family (" + ", ".join(FAMILIES) + ")"
     )
     generate.add_argument("family", choices=FAMILIES, metavar="FAMILY", help=" | ".join(FAMILIES))
     generate.add_argument("--out", required=True, type=Path, help="directory to write the tasks to")
-    generate.add_argument("--count", type=positive_int, default=8, help="tasks to write")
-    generate.add_argument("--seed", type=int, default=0, help="seed of the generator")
+    generate.add_argument(
+        "--count", type=int_between(1, MAX_COUNT), default=8, help="tasks to write"
+    )
+    generate.add_argument("--seed", type=seed, default=0, help="seed of the generator")
     add_format_option(generate, default="json")
     generate.set_defaults(handler=generate_command)
 
@@ -57,6 +59,8 @@ def generate_command(args: argparse.Namespace) -> int:
             )
         elif args.family == "settings":
             from tasks_lib.sources.families.settings import generate_settings_tasks as generate
+        elif args.family == "flags":
+            from tasks_lib.sources.families.settings import generate_flags_tasks as generate
         else:
             from tasks_lib.sources.families.ops import generate_ops_tasks as generate
         paths = generate(args.out, args.count, args.seed)

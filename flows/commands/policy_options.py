@@ -6,9 +6,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from flows.cli import positive_int
+from flows.cli import MAX_IN_FLIGHT, float_between, int_between, positive_float_up_to
 from flows.errors import CliError
 from rollyard.errors import EXIT_USAGE
+
+MAX_TEMPERATURE = 10.0
+"""Past this every token is near-uniform noise."""
+MAX_COMPLETION_TOKENS = 1 << 20
+"""Beyond the context of any served model."""
 
 
 def add_policy_options(parser: argparse.ArgumentParser, *, sampling: bool) -> None:
@@ -23,23 +28,29 @@ def add_policy_options(parser: argparse.ArgumentParser, *, sampling: bool) -> No
     )
     parser.add_argument(
         "--max-concurrent-requests",
-        type=positive_int,
+        type=int_between(1, MAX_IN_FLIGHT),
         default=1,
         metavar="N",
-        help="episodes each shard keeps in flight, so a model server batches them (default 1)",
+        help="episodes each shard keeps in flight, so a model server batches them",
     )
     if sampling:
         parser.add_argument(
-            "--temperature", type=float, default=1.0, help="a chat policy's sampling temperature"
+            "--temperature",
+            type=float_between(0.0, MAX_TEMPERATURE),
+            default=1.0,
+            help="a chat policy's sampling temperature (0: greedy)",
         )
         parser.add_argument(
-            "--top-p", type=float, default=1.0, help="a chat policy's nucleus sampling mass"
+            "--top-p",
+            type=positive_float_up_to(1.0),
+            default=1.0,
+            help="a chat policy's nucleus sampling mass",
         )
         parser.add_argument(
             "--max-tokens",
-            type=positive_int,
+            type=int_between(1, MAX_COMPLETION_TOKENS),
             default=512,
-            help="completion tokens per turn at most (default 512)",
+            help="completion tokens per turn at most",
         )
 
 

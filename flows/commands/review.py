@@ -9,7 +9,7 @@ import getpass
 from pathlib import Path
 from typing import Any
 
-from flows.cli import add_store_option, positive_int
+from flows.cli import MAX_COUNT, add_store_option, float_between, int_between, seed
 from flows.errors import CliError
 from flows.output import add_format_option, emit
 
@@ -21,9 +21,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     group = review.add_subparsers(dest="review_command", required=True, metavar="COMMAND")
     queue = group.add_parser("queue", help="episodes to review, stratified by family and reward")
     _store_arg(queue)
-    queue.add_argument("--per-stratum", type=positive_int, default=2,
+    queue.add_argument("--per-stratum", type=int_between(1, MAX_COUNT), default=2,
                        help="episodes per (family, reward) stratum")  # fmt: skip
-    queue.add_argument("--seed", type=int, default=0, help="seed of the sample")
+    queue.add_argument("--seed", type=seed, default=0, help="seed of the sample")
     queue.add_argument("--run-id", help="only this run's episodes (default: every run)")
     queue.add_argument("--tasks", type=Path, nargs="*", default=[], metavar="DIR",
                        help="task dirs: family and verifier kind come from them")  # fmt: skip
@@ -51,9 +51,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     gate = group.add_parser("gate", help="families whose review agreement blocks more tasks")
     _store_arg(gate)
-    gate.add_argument("--min-reviews", type=positive_int, default=10,
+    gate.add_argument("--min-reviews", type=int_between(1, MAX_COUNT), default=10,
                       help="reviews a family needs before its agreement counts")  # fmt: skip
-    gate.add_argument("--min-agreement", type=float, default=0.8,
+    gate.add_argument("--min-agreement", type=float_between(0.0, 1.0), default=0.8,
                       help="agreement rate below which a family is blocked")  # fmt: skip
     gate.set_defaults(handler=gate_command)
 

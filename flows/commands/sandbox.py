@@ -86,7 +86,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "entries mounted by a sandbox, or opened in the last minute, stay.",
     )
     prune.add_argument(
-        "--max-mb", type=int_between(0), default=None,
+        "--max-mb", type=int_between(0, LIMIT_MAXIMA["disk_mb"]), default=None,
         help="size to prune down to (default: the budget; 0 evicts every entry not in use)",
     )  # fmt: skip
     add_format_option(prune)

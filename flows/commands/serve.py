@@ -8,7 +8,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from flows.cli import add_store_option, positive_int
+from flows.cli import MAX_COUNT, MAX_SECONDS, MAX_WORKERS, add_store_option, int_between
 from flows.errors import CliError
 from rollyard.errors import EXIT_USAGE
 
@@ -34,16 +34,23 @@ def register(subparsers: Any) -> None:
         "--eval-tasks", default=None, help="held-out tasks that new checkpoints are evaluated on"
     )
     parser.add_argument("--run-id", default="run-0", help="the training run to continue")
-    parser.add_argument("--train-iterations", type=positive_int, default=6,
+    parser.add_argument("--train-iterations", type=int_between(1, MAX_COUNT), default=6,
                         help="iterations of each scheduled training run")  # fmt: skip
     parser.add_argument("--curate-cron", default="0 2 * * *", help="default: 02:00 daily")
     parser.add_argument("--train-cron", default="0 3 * * *", help="default: 03:00 daily")
-    parser.add_argument("--evaluate-every-s", type=positive_int, default=900, help="default: 900 s")
+    parser.add_argument(
+        "--evaluate-every-s",
+        type=int_between(1, MAX_SECONDS),
+        default=900,
+        help="seconds between evaluations of the newest checkpoint",
+    )
     parser.add_argument("--timezone", default="UTC", help="of the cron schedules (default UTC)")
-    parser.add_argument("--workers", type=positive_int, default=2, help="Dask worker processes")
+    parser.add_argument(
+        "--workers", type=int_between(1, MAX_WORKERS), default=2, help="Dask worker processes"
+    )
     parser.add_argument("--dask-address", default=None, help="a running Dask scheduler")
     parser.add_argument(
-        "--limit", type=positive_int, default=1, help="flow runs at once (default 1)"
+        "--limit", type=int_between(1, MAX_WORKERS), default=1, help="flow runs at once"
     )
     parser.add_argument(
         "--paused", action="store_true", help="register the schedules paused (runs by hand only)"

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from flows.cli import int_between
+from flows.cli import add_store_option, int_between
 from rollyard.errors import EXIT_UNAVAILABLE
 
 
@@ -29,10 +29,8 @@ def register(subparsers: Any) -> None:
         ("stop", "stop the server"),
         ("status", "say whether the server runs and where (exit code 3 when it does not)"),
     ):
-        command = commands.add_parser(
-            name, help=help_text, formatter_class=argparse.ArgumentDefaultsHelpFormatter
-        )
-        command.add_argument("--store", default=".rollyard", help="store root")
+        command = commands.add_parser(name, help=help_text)
+        add_store_option(command)
         if name == "start":
             command.add_argument(
                 "--port",

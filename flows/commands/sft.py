@@ -7,8 +7,18 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from flows.cli import add_store_option, positive_float, positive_int
+from flows.cli import (
+    MAX_COUNT,
+    MAX_WORKERS,
+    add_store_option,
+    int_between,
+    positive_float_up_to,
+    seed,
+)
 from flows.output import add_format_option, emit
+
+MAX_BATCH_SIZE = 4_096
+"""Transcripts in one optimizer step."""
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -20,16 +30,25 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--policy", required=True, help="hf:DIR, the model to start from")
     parser.add_argument("--out", required=True, type=Path, help="new directory for the model")
     parser.add_argument(
-        "--steps", type=positive_int, default=200, help="optimizer steps of the fine-tune"
+        "--steps",
+        type=int_between(1, MAX_COUNT),
+        default=200,
+        help="optimizer steps of the fine-tune",
     )
     parser.add_argument(
-        "--batch-size", type=positive_int, default=4, help="transcripts per optimizer step"
+        "--batch-size",
+        type=int_between(1, MAX_BATCH_SIZE),
+        default=4,
+        help="transcripts per optimizer step",
     )
     parser.add_argument(
-        "--learning-rate", type=positive_float, default=1e-3, help="peak AdamW learning rate"
+        "--learning-rate",
+        type=positive_float_up_to(1.0),
+        default=1e-3,
+        help="peak AdamW learning rate",
     )
     parser.add_argument(
-        "--seed", type=int, default=0, help="seed of the transcripts' order and the replays"
+        "--seed", type=seed, default=0, help="seed of the transcripts' order and the replays"
     )
     parser.add_argument(
         "--no-test-run",
@@ -37,7 +56,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="transcripts submit right after the edits (no run of the tests: shorter episodes)",
     )
     add_store_option(parser)
-    parser.add_argument("--workers", type=positive_int, default=2, help="Dask worker processes")
+    parser.add_argument(
+        "--workers", type=int_between(1, MAX_WORKERS), default=2, help="Dask worker processes"
+    )
     parser.add_argument("--dask-address", default=None, help="a running Dask scheduler")
     add_format_option(parser, default="json")
     parser.set_defaults(handler=sft_command)

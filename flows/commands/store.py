@@ -8,13 +8,22 @@ import sys
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from flows.cli import add_store_option, int_between, non_negative_int, positive_float
+from flows.cli import (
+    MAX_COUNT,
+    MAX_SECONDS,
+    add_store_option,
+    int_between,
+    positive_float_up_to,
+)
 from flows.errors import CliError
 from flows.output import add_format_option, emit, note
 from rollyard.errors import EXIT_DAMAGED, EXIT_USAGE
 
 if TYPE_CHECKING:
     from storage.fsck import Problem
+
+MAX_HOURS = 365 * 24
+"""A year: retention and age thresholds in hours."""
 
 
 def register(subparsers: Any) -> None:
@@ -35,7 +44,9 @@ def register(subparsers: Any) -> None:
     )
     add_store_option(compact)
     compact.add_argument("--run-id", default=None, help="only this run")
-    compact.add_argument("--iteration", type=non_negative_int, default=None, help="only this one")
+    compact.add_argument(
+        "--iteration", type=int_between(0, MAX_COUNT), default=None, help="only this one"
+    )
     add_format_option(compact)
     compact.set_defaults(handler=compact_command)
 
@@ -53,7 +64,7 @@ def register(subparsers: Any) -> None:
     add_store_option(vacuum)
     vacuum.add_argument(
         "--uncommitted-older-than",
-        type=positive_float,
+        type=positive_float_up_to(MAX_HOURS),
         metavar="HOURS",
         help=(
             "also remove steps of shards never committed, written more than HOURS ago; only "
@@ -62,7 +73,7 @@ def register(subparsers: Any) -> None:
     )
     vacuum.add_argument(
         "--retention-hours",
-        type=non_negative_int,
+        type=int_between(0, MAX_HOURS),
         metavar="HOURS",
         help=(
             "then delete from disk the files no table version newer than HOURS references "
@@ -203,19 +214,15 @@ def compact_command(args: argparse.Namespace) -> int:
     return 0
 
 
-MAX_GRACE_S = 7 * 24 * 3600
-
-
 def _grace_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--grace-s",
-        type=int_between(0, MAX_GRACE_S),
+        type=int_between(0, MAX_SECONDS),
         default=900,
         metavar="SECONDS",
         help=(
             "leave alone unreferenced files younger than this: a writer that does not take the "
-            f"store's lease may still commit them (default 900, at most {MAX_GRACE_S}; 0 when "
-            "you know no writer runs)"
+            "store's lease may still commit them (0 when you know no writer runs)"
         ),
     )
 

@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from flows.cli import positive_int
+from flows.cli import MAX_COUNT, MAX_WORKERS, int_between, seed
 from flows.errors import CliError
 from flows.output import add_format_option, emit, progress
 from rollyard.errors import EXIT_DAMAGED, EXIT_FAILED
@@ -31,12 +31,12 @@ def register_tasks_commands(commands: argparse._SubParsersAction[argparse.Argume
     synth.add_argument("project", type=Path, metavar="PROJECT_DIR",
                        help="root of the Python project to mutate")  # fmt: skip
     synth.add_argument("--out", required=True, type=Path, help="directory to write the tasks to")
-    synth.add_argument("--max", type=positive_int, default=10, dest="max_tasks",
+    synth.add_argument("--max", type=int_between(1, MAX_COUNT), default=10, dest="max_tasks",
                        help="tasks to keep at most (default 10)")  # fmt: skip
-    synth.add_argument("--max-mutants", type=positive_int, default=None,
+    synth.add_argument("--max-mutants", type=int_between(1, MAX_COUNT), default=None,
                        help="mutants to try at most (default 8 per task)")  # fmt: skip
-    synth.add_argument("--seed", type=int, default=0, help="seed of the mutant choice")
-    synth.add_argument("--workers", type=int, default=0,
+    synth.add_argument("--seed", type=seed, default=0, help="seed of the mutant choice")
+    synth.add_argument("--workers", type=int_between(0, MAX_WORKERS), default=0,
                        help="evaluate mutants on a local Dask cluster of N workers (0: in process)")  # fmt: skip
     synth.add_argument("--scheduler", default=None,
                        help="address of a Dask scheduler to evaluate mutants on")  # fmt: skip
@@ -57,7 +57,9 @@ def register_tasks_commands(commands: argparse._SubParsersAction[argparse.Argume
                           help="SWE-bench instances, one JSON object per line")  # fmt: skip
     swebench.add_argument("--repos", required=True, type=Path, help="directory of local clones")
     swebench.add_argument("--out", required=True, type=Path, help="directory to write tasks to")
-    swebench.add_argument("--limit", type=positive_int, default=None, help="rows to read at most")
+    swebench.add_argument(
+        "--limit", type=int_between(1, MAX_COUNT), default=None, help="rows to read at most"
+    )
     add_format_option(swebench, default="json")
     swebench.set_defaults(handler=import_swebench_command)
 

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from flows.cli import positive_int
+from flows.cli import MAX_COUNT, MAX_WORKERS, int_between, seed
 from flows.commands import families, task_import
 from flows.errors import CliError
 from flows.output import add_format_option, emit, progress
@@ -29,8 +29,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     demo = commands.add_parser("demo", help="write N tasks of the built-in bug-fix family")
     demo.add_argument("--out", required=True, type=Path, help="directory to write the tasks to")
-    demo.add_argument("--count", type=positive_int, default=10, help="tasks to write")
-    demo.add_argument("--seed", type=int, default=0, help="seed of the generator")
+    demo.add_argument("--count", type=int_between(1, MAX_COUNT), default=10, help="tasks to write")
+    demo.add_argument("--seed", type=seed, default=0, help="seed of the generator")
     add_format_option(demo, default="json")
     demo.set_defaults(handler=demo_command)
 
@@ -60,7 +60,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     check.add_argument(
         "tasks", type=Path, nargs="+", metavar="TASK", help="task directories, or dirs of them"
     )
-    check.add_argument("--jobs", type=positive_int, default=1, help="tasks checked at once")
+    check.add_argument(
+        "--jobs", type=int_between(1, MAX_WORKERS), default=1, help="tasks checked at once"
+    )
     add_format_option(check, default="json")
     check.set_defaults(handler=check_command)
 

@@ -10,9 +10,17 @@ from pathlib import Path
 from typing import Any
 
 from flows.cli import (
+    MAX_ATTEMPTS,
+    MAX_COUNT,
+    MAX_GROUP_SIZE,
+    MAX_SECONDS,
+    MAX_SHARDS,
+    MAX_STEPS,
+    MAX_WORKERS,
     add_store_option,
     int_between,
     positive_float_up_to,
+    seed,
 )
 from flows.commands.policy_options import add_policy_options
 from flows.errors import CliError
@@ -25,25 +33,13 @@ trials, so GRPO groups differ from the first iteration (see
 `tasks_lib.sources.families.demo.generate.DIFFICULTY_LEVELS`; `benchmarks/README.md` § Learning)."""
 
 
-# The most each numeric flag accepts: past these a run is a typo or an attack on the host (a
-# LocalCluster of 100,000 worker processes), not a bigger job.
-MAX_ITERATIONS = 100_000
-MAX_GROUP_SIZE = 1_024
-MAX_TASKS_PER_ITERATION = 100_000
-MAX_SHARDS = 10_000
-MAX_STEPS = 10_000
-MAX_WORKERS = 256
 MAX_POLICY_LAG = 64
-MAX_ATTEMPTS = 100
-MAX_SECONDS = 7 * 24 * 3600.0
+"""Updates an async or streaming episode's policy may lag behind (the shared maxima of every
+numeric flag are in `flows.cli`)."""
 
 
 def _count(maximum: int) -> Any:
     return int_between(1, maximum)
-
-
-def _most(maximum: float) -> str:
-    return f"at most {maximum:,.0f}"
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -62,9 +58,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _common_train_options(demo, iterations=8, group_size=4, tasks_per_iteration=8, max_steps=6)
     demo.add_argument(
         "--task-count",
-        type=_count(MAX_TASKS_PER_ITERATION),
+        type=_count(MAX_COUNT),
         default=DEMO_TASK_COUNT,
-        help=f"demo tasks to generate ({_most(MAX_TASKS_PER_ITERATION)})",
+        help="demo tasks to generate",
     )
     demo.set_defaults(handler=demo_command)
 
@@ -87,42 +83,42 @@ def _common_train_options(
     )
     parser.add_argument(
         "--iterations",
-        type=_count(MAX_ITERATIONS),
+        type=_count(MAX_COUNT),
         default=iterations,
-        help=f"training iterations to run ({_most(MAX_ITERATIONS)})",
+        help="training iterations to run",
     )
     parser.add_argument(
         "--group-size",
         type=_count(MAX_GROUP_SIZE),
         default=group_size,
-        help=f"episodes per task in an iteration, a GRPO group ({_most(MAX_GROUP_SIZE)})",
+        help="episodes per task in an iteration, a GRPO group",
     )
     parser.add_argument(
         "--tasks-per-iteration",
-        type=_count(MAX_TASKS_PER_ITERATION),
+        type=_count(MAX_COUNT),
         default=tasks_per_iteration,
-        help=f"tasks sampled per iteration ({_most(MAX_TASKS_PER_ITERATION)})",
+        help="tasks sampled per iteration",
     )
     parser.add_argument(
         "--shards",
         type=_count(MAX_SHARDS),
         default=4,
-        help=f"Prefect tasks (episode shards) per iteration ({_most(MAX_SHARDS)})",
+        help="Prefect tasks (episode shards) per iteration",
     )
     parser.add_argument(
         "--max-steps",
         type=_count(MAX_STEPS),
         default=max_steps,
-        help=f"actions per episode at most ({_most(MAX_STEPS)})",
+        help="actions per episode",
     )
     parser.add_argument(
         "--workers",
         type=_count(MAX_WORKERS),
         default=2,
-        help=f"Dask worker processes ({_most(MAX_WORKERS)})",
+        help="Dask worker processes",
     )
     parser.add_argument("--dask-address", default=None, help="a running Dask scheduler")
-    parser.add_argument("--seed", type=int, default=0, help="seed of task sampling and the policy")
+    parser.add_argument("--seed", type=seed, default=0, help="seed of task sampling and the policy")
     parser.add_argument("--run-id", default=None, help="default: run-<seed>")
     parser.add_argument("--resume", action="store_true", help="continue the run after a stop")
     parser.add_argument(
@@ -136,15 +132,13 @@ def _common_train_options(
         "--max-policy-lag",
         type=_count(MAX_POLICY_LAG),
         default=1,
-        help=f"async, streaming: updates an episode's policy may lag behind the trainer "
-        f"({_most(MAX_POLICY_LAG)})",
+        help="async, streaming: updates an episode's policy may lag behind the trainer",
     )
     parser.add_argument(
         "--max-attempts",
         type=_count(MAX_ATTEMPTS),
         default=3,
-        help="attempts per episode after infra failures (sandbox crash, hang, host OOM; "
-        f"{_most(MAX_ATTEMPTS)})",
+        help="attempts per episode after infra failures (sandbox crash, hang, host OOM)",
     )
     parser.add_argument(
         "--recovery-mode",
@@ -163,8 +157,7 @@ def _common_train_options(
         type=positive_float_up_to(MAX_SECONDS),
         default=120.0,
         metavar="SECONDS",
-        help="fail the run after the Dask cluster has had no worker this long (default 120, "
-        f"{_most(MAX_SECONDS)})",
+        help="fail the run after the Dask cluster has had no worker this long",
     )
     parser.add_argument(
         "--episode-deadline",
@@ -172,7 +165,7 @@ def _common_train_options(
         default=900.0,
         metavar="SECONDS",
         help="a shard running longer than this per episode is hung: its Dask worker is "
-        f"restarted and the shard runs again elsewhere (default 900, {_most(MAX_SECONDS)})",
+        "restarted and the shard runs again elsewhere",
     )
     parser.add_argument(
         "--schedule",

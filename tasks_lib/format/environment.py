@@ -17,8 +17,12 @@ def task_image(task: Task, *, verifier: bool = False) -> str | None:
     container = task.container
     if container is None:
         return None
-    from sandboxes.docker import harbor_task_image
+    from sandboxes.docker import harbor_task_image, pulled_task_image
 
+    if container.pulled_image is not None and not (
+        verifier and container.verifier_context_dir is not None
+    ):
+        return pulled_task_image(container.pulled_image, task.harbor.environment.workdir)
     context = container.context_dir
     if verifier and container.verifier_context_dir is not None:
         context = container.verifier_context_dir
@@ -32,6 +36,10 @@ def open_task_sandbox(task: Task, backend: str = "bwrap", *, verifier: bool = Fa
     on the docker backend when it has one (whatever `backend` says: only that image runs it
     faithfully)."""
     image = task_image(task, verifier=verifier)
+    limits = task.limits
+    if verifier:
+        # The verifier's own network policy (Harbor lets it differ from the agent's).
+        limits = limits.replace(allowed_hosts=task.harbor.verifier_network_policy.egress_hosts)
     if image is None:
-        return open_sandbox(task.snapshot_dir, backend=backend, limits=task.limits)
-    return open_sandbox(task.snapshot_dir, backend="docker", limits=task.limits, image=image)
+        return open_sandbox(task.snapshot_dir, backend=backend, limits=limits)
+    return open_sandbox(task.snapshot_dir, backend="docker", limits=limits, image=image)

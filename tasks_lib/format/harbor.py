@@ -50,6 +50,12 @@ class NetworkPolicy:
     mode: NetworkMode = "public"
     allowed_hosts: tuple[str, ...] = ()
 
+    @property
+    def egress_hosts(self) -> tuple[str, ...]:
+        """The hosts a sandbox of this phase reaches through the egress proxy (none unless
+        `allowlist`): `sandboxes.Limits.allowed_hosts`."""
+        return self.allowed_hosts if self.mode == "allowlist" else ()
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class EnvironmentSpec:

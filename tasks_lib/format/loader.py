@@ -42,6 +42,7 @@ from tasks_lib.format.model import (
 )
 from tasks_lib.format.runnable import (
     DOCKER_FIX,
+    LocalImage,
     Refusal,
     container_reasons,
     image_workspace,
@@ -57,7 +58,11 @@ MAX_INSTRUCTION_BYTES = 256 << 10
 """Largest instruction.md: a prompt, not a data file (the agent reads data from the workspace)."""
 MAX_TASK_TOML_BYTES = 1 << 20
 
-LIMIT_FIELDS = tuple(field.name for field in dataclasses.fields(Limits))
+# The numeric limits a task may set in [rollyard.limits]; its network comes from Harbor's
+# [environment] network_mode and allowed_hosts.
+LIMIT_FIELDS = tuple(
+    field.name for field in dataclasses.fields(Limits) if field.name != "allowed_hosts"
+)
 ROLLYARD_FIELDS = {
     "id": "task id (letters, digits, . _ -)",
     "version": "task version string",
@@ -388,7 +393,10 @@ def _harbor_layout(check: _Checker, root: Path) -> tuple[str, dict[str, Any]]:
             doc = tomllib.loads(toml_path.read_text(encoding="utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
             check.add("task.toml", "-", "-", f"is not valid TOML ({error})", "fix the syntax")
-    if not (root / "environment").is_dir():
+    pulls_image = isinstance(doc.get("environment"), dict) and doc["environment"].get(
+        "docker_image"
+    )
+    if not (root / "environment").is_dir() and not pulls_image:
         check.add(
             "environment/",
             "-",
@@ -396,9 +404,7 @@ def _harbor_layout(check: _Checker, root: Path) -> tuple[str, dict[str, Any]]:
             "is missing",
             "add environment/ with a Dockerfile and the workspace files it copies",
         )
-    elif not (root / "environment" / "Dockerfile").is_file() and not (
-        isinstance(doc.get("environment"), dict) and doc["environment"].get("docker_image")
-    ):
+    elif not (root / "environment" / "Dockerfile").is_file() and not pulls_image:
         check.add(
             "environment/Dockerfile",
             "-",
@@ -673,6 +679,7 @@ def _load(root: Path) -> Task:
             f"use one of {', '.join(DIFFICULTIES)}",
         )
     limits, agent_timeout_s, verify_timeout_s = _limits(check, doc, rollyard, harbor)
+    limits = limits.replace(allowed_hosts=harbor.agent_network_policy.egress_hosts)
     if workspace_ok and not check.issues:
         _bounded_tree(check, root, workspace, limits)
     family = _string(check, rollyard, "family", "harbor")
@@ -751,8 +758,23 @@ def _image_workspace(
     """A plain Harbor task's workspace (what its Dockerfile copies to WORKDIR), its WORKDIR, and
     its own image when the local environment does not reproduce that Dockerfile."""
     dockerfile = root / "environment" / "Dockerfile"
+    pulled = harbor.environment.docker_image
+    if not dockerfile.is_file() and pulled:
+        # Harbor's pre-built image: the docker backend pulls it (or says why it cannot). The
+        # workspace is the image's WORKDIR; environment/ holds nothing the image needs.
+        separate = harbor.verifier_mode == "separate" and (root / "tests" / "Dockerfile").is_file()
+        prebuilt = ContainerImage(
+            context_dir=root / "environment",
+            verifier_context_dir=root / "tests" if separate else None,
+            reason=f"environment.docker_image: runs in the pre-built image {pulled}",
+            pulled_image=pulled,
+        )
+        workspace = root / "environment"
+        if not workspace.is_dir():
+            workspace = image_workspace(workspace, LocalImage("/", ()))  # an empty one
+        return workspace, harbor.environment.workdir or "/", prebuilt
     if not dockerfile.is_file():
-        return root / "environment", "/", None  # reported missing, or refused (docker_image)
+        return root / "environment", "/", None  # reported missing
     reading = read_dockerfile(dockerfile)
     if reading.broken is not None:
         # Refused: the directory only names the task in the report.

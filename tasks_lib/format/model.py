@@ -64,6 +64,9 @@ class ContainerImage:
     the verifier runs in the agent's image."""
     reason: str
     """Why the local backend does not reproduce it (the first such Dockerfile line)."""
+    pulled_image: str | None = None
+    """A pre-built image (Harbor's `docker_image`, the task having no Dockerfile): pulled when
+    the engine lacks it and used as is, instead of a build."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

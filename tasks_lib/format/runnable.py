@@ -2,8 +2,10 @@
 and the reasons it is refused when neither can.
 
 A task is refused rather than run and scored when it needs what a no-network, no-GPU, single
-sandbox cannot give: public network or an allowlist proxy, GPUs/TPUs, compose services or MCP
-servers, several steps, a pre-built `docker_image` from a registry, Windows. A plain Harbor task
+sandbox cannot give: public network (an allowlist of hosts is served by the egress proxy,
+`sandboxes.egress`), GPUs/TPUs, compose services or MCP
+servers, several steps, Windows. A pre-built `docker_image` (no Dockerfile) is pulled by the
+docker backend, which says so when it cannot. A plain Harbor task
 (judged by its `tests/test.sh`) runs on bwrap when its `environment/Dockerfile` builds nothing
 this machine's environment does not already hold: only `FROM` the local Python image, `WORKDIR`,
 `COPY`/`ADD` of context files, harmless `ENV`/metadata lines and `pip install` of requirements
@@ -75,10 +77,6 @@ def _network(policy: NetworkPolicy, field: str) -> list[Refusal]:
         return [Refusal(field, "the task needs public network (Harbor's default when "
                         "network_mode is not set); no backend here has any",
                         'set network_mode = "no-network" if the task needs no network')]  # fmt: skip
-    if policy.mode == "allowlist":
-        return [Refusal(field, f"the task needs network to {', '.join(policy.allowed_hosts)}; "
-                        "no backend here proxies a host",
-                        "bake what the task downloads into its environment")]  # fmt: skip
     return []
 
 
@@ -116,11 +114,11 @@ def refusals(config: HarborConfig, task_dir: Path, *, runs_test_sh: bool) -> lis
         if (task_dir / compose).is_file():
             found.append(Refusal(compose, "the task starts compose services, which no backend "
                                  "here runs", "start the service from the task's own commands"))  # fmt: skip
-    if config.environment.docker_image:
-        found.append(Refusal("environment.docker_image", f"the task runs in the pre-built image "
-                             f"{config.environment.docker_image}, and this machine reaches no "
-                             "registry", "write an environment/Dockerfile that builds it (the "
-                             "docker backend builds it on rollyard's base image)"))  # fmt: skip
+    if config.environment.docker_image and not runs_test_sh:
+        found.append(Refusal("environment.docker_image", f"names the pre-built image "
+                             f"{config.environment.docker_image}, but a task with rollyard's own "
+                             "fields runs in rollyard's environment", "remove docker_image, or "
+                             "remove [metadata.rollyard] to run the task by its test.sh"))  # fmt: skip
     if runs_test_sh:
         for dockerfile in _dockerfiles(config, task_dir):
             broken = read_dockerfile(dockerfile).broken

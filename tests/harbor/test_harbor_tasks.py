@@ -267,3 +267,93 @@ def test_own_image_holds_the_escape_cases_bwrap_holds(engine: None) -> None:
                 or point in ("/etc/hosts", "/etc/hostname", "/etc/resolv.conf")
             ), line
         assert sandbox.execute("jq -n 1").stdout.strip() == "1"  # the image's tools do run
+
+
+@pytest.mark.slow
+def test_reward_json_task_run_end_to_end_stores_its_named_rewards(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The reward-json-csv task rolled out and committed: every metric of its reward.json lands
+    in the episodes table's `rewards`, `reward` is the primary one, and `rollyard query` (the
+    named query and SQL) and `rollyard export` show them."""
+    import pyarrow.parquet as pq
+
+    from training.actions import RunCommand
+    from training.local import rollout_batch
+    from training.policy import ScriptedPolicy
+
+    task = tmp_path / "tasks" / "reward-json-csv"
+    shutil.copytree(FIXTURES / "reward-json-csv", task)
+    # The header and two of three rows, out of order: named rewards 1, 2/3 and a primary 0.
+    partial = RunCommand("printf 'name,total\\nbo,7\\nal,3\\n' > totals.csv")
+    store = TrajectoryStore(tmp_path / "store")
+    trajectories = rollout_batch([task], store, policy=ScriptedPolicy([partial]), run_id="named",
+                                 iteration=0, tasks_per_iteration=1, group_size=2, max_steps=2)  # fmt: skip
+    assert [t.status for t in trajectories] == ["ok", "ok"], [t.error for t in trajectories]
+    expected = {"reward": 0.0, "header": 1.0, "rows_matched": 2 / 3}
+    rows = store.query("SELECT reward, rewards, rewards['rows_matched'] AS rows_matched "
+                       "FROM episodes").to_pylist()  # fmt: skip
+    assert len(rows) == 2
+    for row in rows:
+        assert row["reward"] == 0.0 and dict(row["rewards"]) == expected
+        assert row["rows_matched"] == pytest.approx(2 / 3)
+
+    assert main(["query", "--store", store.root, "--format", "json", "--named",
+                 "named_rewards"]) == 0  # fmt: skip
+    named = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert {r["metric"]: (r["episodes"], r["mean"]) for r in named} == {
+        name: (2, pytest.approx(value)) for name, value in expected.items()
+    }
+
+    out = tmp_path / "export"
+    code = main(["export", "--store", store.root, "--layout", "hf", "--out", str(out),
+                 "--include-masked"])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    exported = pq.read_table(out / "train.parquet", columns=["rewards"]).to_pylist()
+    assert [{m["name"]: m["value"] for m in r["rewards"]} for r in exported] == [expected] * 2
+
+
+def _pulled_image_task(root: Path, image: str) -> Path:
+    """A Harbor task that names a pre-built image and has no Dockerfile (nor environment/)."""
+    (root / "tests").mkdir(parents=True)
+    (root / "tests" / "test.sh").write_text(
+        "mkdir -p /logs/verifier\n"
+        'if [ "$(cat /srv/work/answer.txt 2>/dev/null)" = 42 ]; then echo 1; else echo 0; fi'
+        " > /logs/verifier/reward.txt\n"
+    )
+    (root / "solution").mkdir()
+    (root / "solution" / "solve.sh").write_text("echo 42 > /srv/work/answer.txt\n")
+    (root / "instruction.md").write_text("Write 42 into answer.txt.\n")
+    (root / "task.toml").write_text(
+        f'version = "1.0"\n\n[environment]\ndocker_image = "{image}"\nworkdir = "/srv/work"\n'
+        'network_mode = "no-network"\n'
+    )
+    return root
+
+
+def test_docker_image_task_loads_to_run_in_that_image(tmp_path: Path) -> None:
+    task = load_task(_pulled_image_task(tmp_path / "pulled", "registry.example.com/tools:1"))
+    assert task.container is not None
+    assert task.container.pulled_image == "registry.example.com/tools:1"
+    assert task.workdir == "/srv/work" and list(task.snapshot_dir.iterdir()) == []
+
+
+@pytest.mark.docker
+def test_docker_image_is_pulled_or_refused_in_one_line(
+    engine: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`docker_image` without a Dockerfile: an image the engine holds (here the base image under
+    a registry name, as `docker load` leaves it) runs the task; one that cannot be pulled fails
+    the check with how to provide it, never a score."""
+    from sandboxes.docker import _shared_client, base_image
+
+    local = "registry.example.com/rollyard-test/tools:1"
+    _shared_client().images.get(base_image()).tag(local)
+    code, summary = _check(_pulled_image_task(tmp_path / "present", local), capsys)
+    assert code == 0 and summary["ok"], summary
+    assert summary["solution"]["reward"] == 1.0 and summary["untouched"]["reward"] == 0.0
+    code, summary = _check(_pulled_image_task(tmp_path / "absent", "registry.invalid/no:1"), capsys)
+    assert code != 0 and not summary["ok"] and "solution" not in summary
+    problems = " ".join(map(str, summary["problems"]))  # type: ignore[call-overload]
+    assert "cannot pull the task's image registry.invalid/no:1" in problems, problems
+    assert "docker load" in problems and "no such host" in problems, problems

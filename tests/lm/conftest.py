@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -18,6 +20,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+import training.lm.sft
+from tasks_lib import generate_demo_tasks
+from tasks_lib.sources.families.demo import generate as demo_generate
+from training.lm.sft import SFTSettings, run_sft
 from training.lm.tiny import ToolCallTraining, cached_tiny_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -66,6 +72,42 @@ def tiny_model_dir() -> Path:
         os.environ.get(MODEL_CACHE_VARIABLE) or Path(tempfile.gettempdir()) / "rollyard-test-cache"
     )
     return cached_tiny_model(cache, seed=0, tool_call_training=ToolCallTraining())
+
+
+WARM_START_TASKS = 8
+WARM_START_TASK_SEED = 1
+"""Demo tasks the warm start replays (a seed no test evaluates on: `test_evaluate_flow` uses 11)."""
+WARM_START = SFTSettings(steps=40, batch_size=4, learning_rate=1e-3, seed=0)
+
+
+@pytest.fixture(scope="session")
+def warm_model_dir(tiny_model_dir: Path) -> Path:
+    """The tiny model warm-started the way a user's model is: `rollyard sft`'s `run_sft` replays
+    demo tasks' reference solutions through bwrap sandboxes and fine-tunes on the verified
+    transcripts for a fixed step budget. The synthetic transcripts `tiny_model_dir` learnt from
+    teach the tool-call format; these add real demo instructions and real observations, so the
+    model keeps making tool calls in a real episode. Built once per code version, then cached."""
+    digest = hashlib.sha256()
+    for part in (tiny_model_dir.name, repr((WARM_START, WARM_START_TASKS, WARM_START_TASK_SEED))):
+        digest.update(part.encode() + b"\x1f")
+    for module in (training.lm.sft.__file__, demo_generate.__file__):
+        digest.update(Path(module).read_bytes())
+    where = tiny_model_dir.parent / f"warm-{digest.hexdigest()[:16]}"
+    if (where / "config.json").is_file():
+        return where
+    staging = Path(tempfile.mkdtemp(prefix=".building-", dir=where.parent))
+    try:
+        tasks = generate_demo_tasks(staging / "tasks", WARM_START_TASKS, seed=WARM_START_TASK_SEED)
+        result = run_sft(tasks, tiny_model_dir, staging / "model", WARM_START)
+        assert result.transcripts == WARM_START_TASKS, result.skipped
+        try:
+            (staging / "model").rename(where)
+        except OSError:  # another process put its build in place first
+            if not (where / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return where
 
 
 def _free_loopback_port() -> int:

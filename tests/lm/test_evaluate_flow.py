@@ -1,7 +1,8 @@
 """Language-model policies through the real flow: `rollyard evaluate` with an `openai:` policy
 against the tiny model served over HTTP by `python -m training.lm.server`, and with an `hf:`
 policy generating in the Dask workers — Prefect, Dask, bwrap sandboxes and the Delta store all
-real. Each evaluation commits every episode exactly once with what acted and every turn's token
+real (the `hf:` model is the tiny one warm-started on demo tasks' reference solutions, as a
+user's model would be before RL). Each evaluation commits every episode exactly once with what acted and every turn's token
 ids, runs the quality gate, records pass@k, and exports from the store."""
 
 from __future__ import annotations
@@ -172,17 +173,17 @@ def test_evaluate_an_openai_policy_through_the_real_flow(
 
 @pytest.mark.slow  # the tiny model generating inside a Dask worker, on two busy cores: minutes
 def test_evaluate_an_hf_policy_through_the_real_flow_and_again_writes_nothing(
-    tiny_model_dir: Path,
+    warm_model_dir: Path,
     eval_tasks: Path,
     dask_address: str,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    policy = f"hf:{tiny_model_dir}"
+    policy = f"hf:{warm_model_dir}"
     store = tmp_path / "store"
     first = evaluate(policy, "eval-hf", eval_tasks, store, dask_address, capsys, monkeypatch)
-    episodes = check_evaluation(first, kind="hf", model=tiny_model_dir.name)
+    episodes = check_evaluation(first, kind="hf", model=warm_model_dir.name)
     assert "rolled out now" in first.output
 
     # The same evaluation again: the store already holds it, nothing runs, nothing is written.
@@ -190,9 +191,12 @@ def test_evaluate_an_hf_policy_through_the_real_flow_and_again_writes_nothing(
     again = evaluate(policy, "eval-hf", eval_tasks, store, dask_address, capsys, monkeypatch)
     assert "already in the store" in again.output
     assert table_versions(first.store) == versions
-    assert check_evaluation(again, kind="hf", model=tiny_model_dir.name) == episodes
+    assert check_evaluation(again, kind="hf", model=warm_model_dir.name) == episodes
 
-    hf = export_store(first.store, tmp_path / "hf", export_format="hf", run_id="eval-hf")
+    # Masked episodes too, as above: two samples of an untrained model usually score alike.
+    hf = export_store(
+        first.store, tmp_path / "hf", export_format="hf", run_id="eval-hf", include_masked=True
+    )
     datasets = pytest.importorskip("datasets")
     dataset = datasets.load_dataset("parquet", data_files=str(hf.path), split="train")
     assert len(dataset) == SAMPLES

@@ -142,6 +142,7 @@ def test_lost_workers_lose_no_episode(demo_tasks: Path, dask_address: str, tmp_p
     assert_exactly_once(store, "t", 2)
 
 
+@pytest.mark.slow  # two trainings on a cluster of its own
 def test_a_cluster_without_workers_fails_the_run_instead_of_waiting(
     demo_tasks: Path, prefect_server: str, tmp_path: Path
 ) -> None:
@@ -169,6 +170,7 @@ def test_a_cluster_without_workers_fails_the_run_instead_of_waiting(
     assert_exactly_once(store, "t", 2)
 
 
+@pytest.mark.slow  # kills a training process; tests/storage/test_commits.py kills writers by default
 def test_killed_flow_resumes_without_duplicates(
     demo_tasks: Path, dask_address: str, tmp_path: Path
 ) -> None:
@@ -223,6 +225,7 @@ def test_killed_flow_resumes_without_duplicates(
     assert_exactly_once(store, "t", 3)
 
 
+@pytest.mark.slow  # a deployment with worker processes of its own
 def test_multi_process_dask_deployment(
     demo_tasks: Path, prefect_server: str, tmp_path: Path
 ) -> None:

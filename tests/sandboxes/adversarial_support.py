@@ -192,7 +192,7 @@ def leftovers(root: Path, owner: str) -> dict[str, list[str]]:
     """Everything a sandbox owner may leave behind; all lists are empty on a clean host."""
     live = host.HostLayout(root).live
     return {
-        "mounts": [str(m) for m in host.mounts_under(root)],
+        "mounts": [str(m) for m in host.sandbox_mounts(host.HostLayout(root))],
         "runtime_dirs": sorted(p.name for p in live.iterdir()) if live.is_dir() else [],
         "cgroups": [str(c) for c in cgroups_of_owner(owner)],
         "staging_dirs": sorted(p.name for p in host.HostLayout(root).snapshots.glob(".staging-*")),

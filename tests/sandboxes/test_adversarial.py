@@ -617,11 +617,12 @@ def test_close_leaves_no_mounts_cgroups_or_runtime_dirs(sandbox_root: Path, snap
     sb.execute("setsid sleep 30 >/dev/null 2>&1 & echo x > f")
     runtime_dir = sb._dir  # type: ignore[attr-defined]
     cgroup_dirs = list(sb._cgroup.dirs)  # type: ignore[attr-defined]
-    assert runtime_dir.exists() and host.mounts_under(sandbox_root)
+    layout = host.HostLayout(sandbox_root)
+    assert runtime_dir.exists() and host.sandbox_mounts(layout)
     sb.close()
     sb.close()
     assert not runtime_dir.exists()
-    assert host.mounts_under(sandbox_root) == []
+    assert host.sandbox_mounts(layout) == []
     assert not any(d.exists() for d in cgroup_dirs)
     with pytest.raises(SandboxError):
         sb.execute("true")
@@ -685,3 +686,42 @@ def test_orphans_of_an_owner_killed_with_its_supervisor_are_swept_at_the_next_st
 
 # Keep the backend module imported so a broken import fails collection, not a bomb's driver.
 assert bwrap_backend.BwrapSandbox
+
+
+def test_a_command_never_sees_other_sandboxes_mounts(sandbox_root: Path, snapshot: Path) -> None:
+    """Each command's launcher drops every sandbox's host mounts from its private mount
+    namespace (bwrap would otherwise walk them all, and another sandbox's overlay is none of its
+    business); the bind it makes there never reaches the host."""
+    layout = host.HostLayout(sandbox_root)
+    others = [open_sandbox(snapshot, limits=SMALL) for _ in range(3)]
+    sb = open_sandbox(snapshot, limits=SMALL)
+    result: list[object] = []
+    runner = threading.Thread(target=lambda: result.append(sb.execute("sleep 5", timeout_s=9)))
+    runner.start()
+    try:
+        procs_file = sb._cgroup.procs_files[0]  # type: ignore[attr-defined]
+        tables: dict[int, list[str]] = {}
+
+        def launcher_namespace_seen() -> bool:
+            # Only bwrap's own table: the launcher shell before it binds and unmounts still
+            # shows the host's mounts, by design; bwrap is exec'd after both. bwrap's outer
+            # process stays in the launcher's namespace (its child enters the sandbox's own).
+            for pid in procs_file.read_text().split():
+                try:
+                    if Path(f"/proc/{pid}/comm").read_text().strip() != "bwrap":
+                        continue
+                    lines = Path(f"/proc/{pid}/mounts").read_text().splitlines()
+                except OSError:
+                    continue
+                tables[int(pid)] = [line.split()[1] for line in lines]
+            return any(str(layout.command) in targets for targets in tables.values())
+
+        assert wait_until(launcher_namespace_seen, 5.0), tables
+        for targets in tables.values():
+            assert not [t for t in targets if t.startswith(str(layout.live) + "/")], targets
+    finally:
+        runner.join()
+        for other in [*others, sb]:
+            other.close()
+    assert result and result[0].exit_code == 0, result  # type: ignore[attr-defined]
+    assert layout.command not in host.mounts_under(sandbox_root)

@@ -46,6 +46,7 @@ class Verdict:
     partial_credit: float | None = None
     tests: Mapping[str, str] = dataclasses.field(default_factory=dict)
     flags: tuple[VerdictFlag, ...] = ()
+    metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
 
 def fixed_file_verifier(task: Task, sandbox: Sandbox) -> Verdict:

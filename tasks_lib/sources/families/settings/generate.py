@@ -1,11 +1,16 @@
 """Settings tasks: a small package's `settings.py` holds a few constants; the instruction names
 one whose value is wrong and the value it must have. Its pytest suite checks every constant.
 
+Two vocabularies: `settings` (integer constants of one of several packages) and `flags` (boolean
+flags of the one package `app`: the edit is a choice among a closed set — which flag, True or
+False — that the instruction decides, for models too small to copy numbers out of a prompt).
+
 Sized for a tiny language model acting through tool calls: the prompt (system, tools,
-instruction) stays within ~600 tokens, and one exact edit solves a task. Nothing can be solved
-without reading the instruction: package, file, constant and both values are drawn per task, and
-the hidden test checks the value the instruction asks for. A policy that copies the wrong name or
-value, edits another constant or breaks the file fails the tests.
+instruction) stays within ~600 tokens, and one exact edit solves a task. The constants and their
+values are drawn per task (and the package, for `settings`), and the hidden test checks the value
+the instruction asks for: a policy that writes the wrong name or value, edits another constant or
+breaks the file fails the tests. Without the instruction a `flags` task is a guess among the
+file's 3-4 flags.
 """
 
 from __future__ import annotations
@@ -29,6 +34,12 @@ from tasks_lib.sources.authoring.writer import (
 )
 
 FAMILY = "settings"
+FLAGS_FAMILY = "flags"
+FLAGS_PACKAGE = "app"
+# Words that the tiny models' BPE tokenizer (`training.lm.tiny`) keeps as one token wherever they
+# stand (after a backquote, a quote or a newline): the flag a reply names is then one token that
+# also stands in the instruction, not a spelling to assemble from pieces.
+FLAGS = ("cache", "verify", "report", "strip", "copy", "raw", "append", "split")
 PACKAGES = ("billing", "crawler", "mailer", "reports", "scheduler", "uploader", "search", "cache")
 CONSTANTS = (
     "MAX_RETRIES",
@@ -54,14 +65,15 @@ class SettingsTaskPlan:
     seed: int
     index: int
     package: str
-    values: tuple[tuple[str, int], ...]
+    values: tuple[tuple[str, int | bool], ...]
     """The constants as the task wants them, in file order."""
     target: str
     """The constant whose value is wrong in the workspace."""
-    wrong_value: int
+    wrong_value: int | bool
+    family: str = FAMILY
 
     @property
-    def right_value(self) -> int:
+    def right_value(self) -> int | bool:
         return dict(self.values)[self.target]
 
 
@@ -81,6 +93,25 @@ def plan_settings_task(seed: int, index: int) -> SettingsTaskPlan:
         values=values,
         target=target,
         wrong_value=wrong,
+    )
+
+
+def plan_flags_task(seed: int, index: int) -> SettingsTaskPlan:
+    """The `flags` task of `index` under `seed`: 3-4 boolean flags of `app/settings.py`, one of
+    them the opposite of what the task wants."""
+    rng = random.Random(f"rollyard-flags:{seed}:{index}")
+    names = rng.sample(FLAGS, rng.randint(3, 4))
+    values = tuple((name, rng.random() < 0.5) for name in names)
+    target = rng.choice(names)
+    return SettingsTaskPlan(
+        task_id=f"{FLAGS_FAMILY}-{seed}-{index:04d}",
+        seed=seed,
+        index=index,
+        package=FLAGS_PACKAGE,
+        values=values,
+        target=target,
+        wrong_value=not dict(values)[target],
+        family=FLAGS_FAMILY,
     )
 
 
@@ -141,8 +172,8 @@ def write_settings_task(plan: SettingsTaskPlan, task_dir: Path) -> Path:
         rollyard={
             "id": plan.task_id,
             "version": "1",
-            "family": FAMILY,
-            "source": f"rollyard settings generator, seed {plan.seed}, index {plan.index}",
+            "family": plan.family,
+            "source": f"rollyard {plan.family} generator, seed {plan.seed}, index {plan.index}",
             "difficulty": "easy",
             "workspace_dir": DEFAULT_WORKSPACE_DIR,
             "test_command": TEST_COMMAND,
@@ -159,7 +190,7 @@ def write_settings_task(plan: SettingsTaskPlan, task_dir: Path) -> Path:
         solution={FIX_PATCH: patch},
         test_sh=_TEST_SH,
         metadata={
-            "author_name": "rollyard settings generator",
+            "author_name": f"rollyard {plan.family} generator",
             "difficulty": "easy",
             "category": "configuration",
             "tags": ["python", "settings", "tiny-model"],
@@ -184,5 +215,24 @@ def generate_settings_tasks(
             plan_settings_task(seed, index), task_dir
         ),
         name=lambda index: f"settings-{seed}-{index:04d}",
+        progress=progress,
+    )
+
+
+def generate_flags_tasks(
+    out_dir: str | Path,
+    count: int,
+    seed: int = 0,
+    *,
+    progress: Callable[[int, Path], None] | None = None,
+) -> list[Path]:
+    """Write `count` flags tasks under `out_dir` (one directory per task id)."""
+    return write_numbered_tasks(
+        out_dir,
+        count,
+        write_one=lambda index, task_dir: write_settings_task(
+            plan_flags_task(seed, index), task_dir
+        ),
+        name=lambda index: f"{FLAGS_FAMILY}-{seed}-{index:04d}",
         progress=progress,
     )
