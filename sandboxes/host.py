@@ -230,7 +230,8 @@ def isolate_live_mounts(layout: HostLayout) -> None:
     bwrap starts in a copy of its caller's mount namespace and walks the whole table while it
     builds the sandbox, so on a host with N open sandboxes (4 mounts each) every command paid
     for all of them: ~0.7 ms a mount, 2.9 s a command at 1,000 open. With `live` a mount point,
-    each command's launcher enters a private mount namespace, binds its own sandbox's directory
+    a command's launcher (when other sandboxes are open, `bwrap.ISOLATE_FROM_OTHER_SANDBOXES`)
+    enters a private mount namespace, binds its own sandbox's directory
     to `layout.command` and drops every sandbox's mounts there with one lazy unmount of
     `live`; bwrap then sees only the host's own mounts. Nothing of this reaches the host.
 
