@@ -324,13 +324,23 @@ def load_delta_extension(con: duckdb.DuckDBPyConnection, *, install: bool = Fals
     load an extension installed already (`rollyard store duckdb-file --install-delta` does)."""
     import duckdb
 
+    global _delta_missing
+    if not install and _delta_missing:
+        return False
     statements = ["INSTALL delta", "LOAD delta"] if install else ["LOAD delta"]
     try:
         for statement in statements:
             con.execute(statement)
     except duckdb.Error:
+        _delta_missing = True
         return False
+    _delta_missing = False
     return True
+
+
+# Set once loading the extension failed in this process: a failed LOAD takes ~0.4 s, and the
+# store opens a connection per read; a later install clears it.
+_delta_missing = False
 
 
 def export_directory(directory: str | os.PathLike[str], store_root: str) -> str:
