@@ -12,6 +12,7 @@ from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
+import pytest
 from deltalake import DeltaTable
 from test_commits import REPO_ROOT, TESTS_DIR, assert_consistent
 
@@ -22,12 +23,20 @@ N_WRITERS = 3
 
 RACER = textwrap.dedent(
     """
-    import sys
+    import sys, time
+    from pathlib import Path
     from shard_data import make_shard
     from storage import TrajectoryStore
 
     root, writer = sys.argv[1], int(sys.argv[2])
     store = TrajectoryStore(root)
+    # Start together: a writer that got through its imports first would otherwise commit every
+    # shard before the others begin, and there would be no race.
+    barrier = Path(sys.argv[4])
+    (barrier / str(writer)).touch()
+    deadline = time.monotonic() + 120
+    while len(list(barrier.iterdir())) < int(sys.argv[5]) and time.monotonic() < deadline:
+        time.sleep(0.01)
     # Each writer walks the shards in its own order, so every shard is raced for.
     order = list(range(int(sys.argv[3])))
     order = order[writer:] + order[:writer] if writer % 2 == 0 else order[::-1]
@@ -86,11 +95,27 @@ def assert_one_owner_per_shard(root: Path, owner_of: dict[int, str]) -> None:
                 )
 
 
-def test_racing_writers_leave_every_reader_the_same_rows(tmp_path: Path) -> None:
+def race(root: Path, barrier: Path) -> dict[int, str]:
+    """N_WRITERS processes race to commit the same N_SHARDS shards into `root`, started together
+    (`barrier`); every reader is checked for one owner per shard while they run. Returns the
+    owner of each shard as the readers saw it."""
+    barrier.mkdir()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(TESTS_DIR)])}
     writers = [
         subprocess.Popen(
-            [sys.executable, "-c", RACER, str(tmp_path), str(index), str(N_SHARDS)], env=env
+            [
+                sys.executable,
+                "-c",
+                RACER,
+                str(root),
+                str(index),
+                str(N_SHARDS),
+                str(barrier),
+                str(N_WRITERS),
+            ],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for index in range(N_WRITERS)
     ]
@@ -98,23 +123,32 @@ def test_racing_writers_leave_every_reader_the_same_rows(tmp_path: Path) -> None
     looks = 0
     try:
         while any(writer.poll() is None for writer in writers):
-            assert_one_owner_per_shard(tmp_path, owner_of)
+            assert_one_owner_per_shard(root, owner_of)
             looks += 1
             time.sleep(0.05)
     finally:
-        for writer in writers:
-            writer.wait(timeout=120)
-    assert [writer.returncode for writer in writers] == [0] * N_WRITERS
+        errors = [writer.communicate(timeout=120)[1] for writer in writers]
+    assert [writer.returncode for writer in writers] == [0] * N_WRITERS, errors
     assert looks > 0
-    assert_one_owner_per_shard(tmp_path, owner_of)
+    assert_one_owner_per_shard(root, owner_of)
+    return owner_of
 
-    store = TrajectoryStore(tmp_path)
-    n_episodes, n_steps = assert_consistent(store)
-    assert store.committed_shards("run", 0) == list(range(N_SHARDS))
-    assert sorted(owner_of) == list(range(N_SHARDS))
-    # The race was real: losing writers wrote files of their own, which no table references.
-    written = list((tmp_path / "episodes").rglob("*.parquet"))
-    assert len(written) > N_SHARDS
+
+def test_racing_writers_leave_every_reader_the_same_rows(tmp_path: Path) -> None:
+    # The race must be real: losing writers wrote files of their own, which no table references.
+    # Whether two writers prepare the same shard at once is up to timing, so race again (a fresh
+    # store each time, every check applied to each) until one round had a loser.
+    for attempt in range(5):
+        store_root = tmp_path / f"store-{attempt}"
+        owner_of = race(store_root, tmp_path / f"barrier-{attempt}")
+        store = TrajectoryStore(store_root)
+        n_episodes, n_steps = assert_consistent(store)
+        assert store.committed_shards("run", 0) == list(range(N_SHARDS))
+        assert sorted(owner_of) == list(range(N_SHARDS))
+        if len(list((store_root / "episodes").rglob("*.parquet"))) > N_SHARDS:
+            break
+    else:
+        pytest.fail(f"no writer lost a race in 5 rounds of {N_WRITERS} writers")
     # Row for row, deltalake and polars read exactly what rollyard's reader gives.
     for name, key in (("episodes", ["episode_id"]), ("steps", ["episode_id", "step"])):
         ours = (
@@ -125,14 +159,14 @@ def test_racing_writers_leave_every_reader_the_same_rows(tmp_path: Path) -> None
         ours = ours.select(["episode_id", "commit_id", *key[1:]]).sort_by(
             [(k, "ascending") for k in key]
         )
-        theirs = DeltaTable(str(tmp_path / name)).to_pyarrow_table(columns=ours.column_names)
-        polars = pl.read_delta(str(tmp_path / name), columns=ours.column_names).to_arrow()
+        theirs = DeltaTable(str(store_root / name)).to_pyarrow_table(columns=ours.column_names)
+        polars = pl.read_delta(str(store_root / name), columns=ours.column_names).to_arrow()
         for other in (theirs, polars):
             other = other.cast(ours.schema).sort_by([(k, "ascending") for k in key])
             assert other.equals(ours), name
     assert (n_episodes, n_steps) == (
-        DeltaTable(str(tmp_path / "episodes")).to_pyarrow_table().num_rows,
-        DeltaTable(str(tmp_path / "steps")).to_pyarrow_table().num_rows,
+        DeltaTable(str(store_root / "episodes")).to_pyarrow_table().num_rows,
+        DeltaTable(str(store_root / "steps")).to_pyarrow_table().num_rows,
     )
     # Each commit id a reader saw is the one rollyard's reader shows for that shard.
     shown = store.query("SELECT DISTINCT shard, commit_id FROM episodes").to_pylist()
