@@ -211,7 +211,10 @@ class LocalPrefectServer:
                 str(self.port),
                 "--analytics-off",
             ],
-            env=_server_environment(self.home),
+            # The UI's pages call the API at PREFECT_UI_API_URL, which Prefect derives from its
+            # default port (4200), not from --port: on the next free port the UI would call
+            # whatever answers on 4200, or nothing.
+            env={**_server_environment(self.home), "PREFECT_UI_API_URL": self.api_url},
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
