@@ -50,7 +50,7 @@ def write_tasks(root: Path, name: str, family: str, indices: range) -> Path:
     return out
 
 
-def build_base(root: Path, hidden_size: int, layers: int) -> Path:
+def build_base(root: Path, hidden_size: int, layers: int, tool_declarations: str) -> Path:
     from training.lm.tiny import TinyModelSize, build_tiny_model
 
     size = TinyModelSize(
@@ -61,7 +61,7 @@ def build_base(root: Path, hidden_size: int, layers: int) -> Path:
         num_key_value_heads=2,
         max_position_embeddings=2048,
     )
-    return build_tiny_model(root / "base", seed=0, size=size)
+    return build_tiny_model(root / "base", seed=0, size=size, tool_declarations=tool_declarations)
 
 
 def warm_start(root: Path, base: Path, warm_tasks: Path, args: argparse.Namespace) -> Path:
@@ -73,6 +73,7 @@ def warm_start(root: Path, base: Path, warm_tasks: Path, args: argparse.Namespac
         "--policy", f"hf:{base}", "--out", str(out), "--no-test-run",
         "--steps", str(args.sft_steps), "--batch-size", str(args.sft_batch_size),
         "--learning-rate", str(args.sft_learning_rate), "--store", str(root / "sft-store"),
+        "--context-first-steps", str(args.sft_context_first_steps),
     ]  # fmt: skip
     finished = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if finished.returncode != 0:
@@ -187,6 +188,18 @@ def main() -> None:
     parser.add_argument("--sft-steps", type=int, default=320)
     parser.add_argument("--sft-batch-size", type=int, default=8)
     parser.add_argument("--sft-learning-rate", type=float, default=3e-3)
+    parser.add_argument(
+        "--sft-context-first-steps",
+        type=int,
+        default=100,
+        help="of --sft-steps, those that train only the reply tokens read from the prompt",
+    )
+    parser.add_argument(
+        "--tool-declarations",
+        choices=("schemas", "signatures"),
+        default="signatures",
+        help="how the tiny model's chat template declares the tools",
+    )
     parser.add_argument("--learning-rate", type=float, default=5e-4)
     parser.add_argument("--epochs", type=int, default=2, help="passes of the GRPO update per batch")
     parser.add_argument("--minibatches", type=int, default=2, help="optimizer steps per pass")
@@ -207,7 +220,7 @@ def main() -> None:
     warm_tasks = write_tasks(root, "warm", args.family, range(1000, 1000 + args.warm_tasks))
     sampling = ChatSampling(temperature=1.0, max_tokens=args.max_tokens)
     if args.warm_start is None:
-        base = build_base(root, args.hidden_size, args.layers)
+        base = build_base(root, args.hidden_size, args.layers, args.tool_declarations)
         sft = warm_start(root, base, warm_tasks, args)
     else:
         sft = args.warm_start.resolve()

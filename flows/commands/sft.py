@@ -48,6 +48,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="peak AdamW learning rate",
     )
     parser.add_argument(
+        "--context-first-steps",
+        type=int_between(0, MAX_COUNT),
+        default=0,
+        help="of --steps, how many first train only the reply tokens that must be read from the "
+        "prompt or the tool results (the names and values a task gives), then every token: "
+        "for a model with no pretraining, which otherwise settles on the replies' fixed tokens",
+    )
+    parser.add_argument(
         "--seed", type=seed, default=0, help="seed of the transcripts' order and the replays"
     )
     parser.add_argument(
@@ -77,6 +85,7 @@ def sft_command(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             learning_rate=args.learning_rate,
             seed=args.seed,
+            context_first_steps=args.context_first_steps,
         ),
         run_tests=not args.no_test_run,
     )

@@ -98,6 +98,8 @@ def test_the_sft_command_writes_a_model_the_hf_policy_loads(tmp_path: Path) -> N
             str(out),
             "--steps",
             "4",
+            "--context-first-steps",
+            "2",
             "--no-test-run",
             "--store",
             str(tmp_path / "store"),
@@ -136,3 +138,20 @@ def test_the_sft_command_writes_a_model_the_hf_policy_loads(tmp_path: Path) -> N
     )
     assert refused.returncode == 2 and "hf:DIR" in refused.stderr
     assert not (tmp_path / "x").exists()
+
+    all_context_first = subprocess.run(
+        [
+            sys.executable, "-m", "flows.cli", "sft", "--tasks", str(task_dirs[0].parent),
+            "--policy", f"hf:{base}", "--out", str(tmp_path / "y"), "--steps", "4",
+            "--context-first-steps", "4",
+        ],
+        env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
+        capture_output=True,
+        text=True,
+        check=False,
+    )  # fmt: skip
+    assert all_context_first.returncode == 2
+    assert "context_first_steps must be at least 0 and fewer than its steps (4)" in (
+        all_context_first.stderr
+    )
+    assert not (tmp_path / "y").exists()

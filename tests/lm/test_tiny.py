@@ -18,9 +18,12 @@ from training.lm.conversation import SYSTEM_PROMPT, TOOL_SCHEMAS
 from training.lm.generate import LocalGenerator, SamplingParams, parse_tool_calls
 from training.lm.tiny import (
     IM_END,
+    SIGNATURES_CHAT_TEMPLATE,
     TOOL_CALL_END,
     TOOL_CALL_START,
+    Transcript,
     build_tiny_model,
+    context_dependent_tokens,
     tool_call_transcripts,
     transcript_token_ids,
 )
@@ -125,6 +128,75 @@ def test_chat_template_renders_each_turn_as_the_previous_rendering_plus_the_new_
         replies = tokenizer.decode([token for token, t in zip(ids, trained, strict=True) if t])
         assistant_turns = sum(1 for m in transcript.messages if m["role"] == "assistant")
         assert replies.count(IM_END) == assistant_turns
+
+
+def test_the_signatures_template_declares_each_tool_in_one_line_and_renders_turns_alike(
+    tokenizer: Any,
+) -> None:
+    schemas_template = tokenizer.chat_template
+    transcript = tool_call_transcripts(1, seed=7)[0]
+    messages, tools = list(transcript.messages), list(transcript.tools)
+    with_schemas = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
+    try:
+        tokenizer.chat_template = SIGNATURES_CHAT_TEMPLATE
+        with_signatures = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
+        ids, _ = transcript_token_ids(tokenizer, transcript)  # raises unless prefix-stable
+    finally:
+        tokenizer.chat_template = schemas_template
+    system, _, conversation = with_signatures.partition("<|im_end|>\n")
+    assert system.endswith(
+        "Tools:\nrun_command(command)\nread_file(path)\nedit_file(path, old_text, new_text)\n"
+        "submit()"
+    )
+    assert SYSTEM_PROMPT in system and "{" not in system
+    # Everything after the system turn (instruction, calls, tool results) is rendered alike.
+    assert with_schemas.endswith(conversation)
+    assert len(ids) < len(transcript_token_ids(tokenizer, transcript)[0]) - 300
+
+
+def test_build_refuses_an_unknown_tool_declaration(tmp_path: Path) -> None:
+    with pytest.raises(ModelDirError, match=r"tool_declarations must be one of \['schemas'"):
+        build_tiny_model(tmp_path / "model", tool_declarations="xml")
+    assert not (tmp_path / "model").exists()
+
+
+def _edit_transcript(instruction: str, file_text: str, old: str, new: str) -> Transcript:
+    def call(name: str, arguments: dict[str, str]) -> dict[str, Any]:
+        function = {"name": name, "arguments": json.dumps(arguments)}
+        return {"role": "assistant", "content": "", "tool_calls": [{"function": function}]}
+
+    edit = {"path": "app/settings.py", "old_text": old, "new_text": new}
+    return Transcript(
+        (
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": instruction},
+            call("read_file", {"path": "app/settings.py"}),
+            {"role": "tool", "content": file_text},
+            call("edit_file", edit),
+            {"role": "tool", "content": "edited app/settings.py"},
+        ),
+        TOOL_SCHEMAS,
+    )
+
+
+def test_context_dependent_tokens_are_those_only_the_prompt_decides(tokenizer: Any) -> None:
+    transcripts = [
+        _edit_transcript(
+            "Set `raw` to True.", "raw = False\ncopy = True\n", "raw = False\n", "raw = True\n"
+        ),
+        _edit_transcript(
+            "Set `copy` to False.", "raw = False\ncopy = True\n", "copy = True\n", "copy = False\n"
+        ),
+    ]
+    encoded = [transcript_token_ids(tokenizer, transcript) for transcript in transcripts]
+    marked = context_dependent_tokens(encoded)
+    for (ids, trained), dependent in zip(encoded, marked, strict=True):
+        assert all(t for t, d in zip(trained, dependent, strict=True) if d)  # replies only
+        texts = [tokenizer.decode([i]) for i, d in zip(ids, dependent, strict=True) if d]
+        # The read_file turn is the same in both; in the edit, the first token that differs
+        # is the flag's name (what follows it, the reply itself then decides).
+        assert texts in (["raw"], ["copy"])
+    assert context_dependent_tokens(encoded[:1]) == [[False] * len(encoded[0][0])]
 
 
 def test_build_refuses_a_non_empty_directory(tmp_path: Path) -> None:

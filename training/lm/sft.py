@@ -49,11 +49,19 @@ class SFTSettings:
     batch_size: int = 4
     learning_rate: float = 1e-3
     seed: int = 0
+    context_first_steps: int = 0
+    """Of `steps`, how many first train only the reply tokens read from the prompt or the tool
+    results (`training.lm.tiny.context_dependent_tokens`): for a model with no pretraining."""
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.batch_size < 1 or not self.learning_rate > 0:
             raise TrainingSettingsError(
                 f"sft needs steps >= 1, batch_size >= 1 and learning_rate > 0; got {self}"
+            )
+        if not 0 <= self.context_first_steps < self.steps:
+            raise TrainingSettingsError(
+                f"sft's context_first_steps must be at least 0 and fewer than its steps "
+                f"({self.steps}); got {self.context_first_steps}"
             )
 
 
@@ -223,6 +231,7 @@ def fine_tune(
             learning_rate=settings.learning_rate,
             seed=settings.seed,
             threads=None,
+            context_first_steps=settings.context_first_steps,
         )
 
     def write(directory: Path) -> None:

@@ -43,8 +43,7 @@ MARKUP_TOKENS = (TOOL_CALL_START, TOOL_CALL_END, "<tool_response>", "</tool_resp
 """Single tokens that stay in decoded text, so a tool-call parser (ours, vLLM's `hermes`) sees
 them; vLLM's parser also looks the two tool-call tokens up in the vocabulary."""
 
-CHAT_TEMPLATE = (
-    "{%- if tools %}"
+_SCHEMAS_SYSTEM_TURN = (
     "{{- '<|im_start|>system\\n' }}"
     "{%- if messages and messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}"
     "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
@@ -53,6 +52,18 @@ CHAT_TEMPLATE = (
     "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and "
     "arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n"
     '{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n\' }}'
+)
+_SIGNATURES_SYSTEM_TURN = (
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages and messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}"
+    "{{- 'Tools:' }}"
+    "{%- for tool in tools %}"
+    "{%- set function = tool.function if tool.function is defined else tool %}"
+    "{{- '\\n' + function.name + '(' + (function.parameters.properties.keys() | list | join(', ')) + ')' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+)
+_CONVERSATION = (
     "{%- elif messages and messages[0].role == 'system' %}"
     "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
     "{%- endif %}"
@@ -85,6 +96,7 @@ CHAT_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
+CHAT_TEMPLATE = "{%- if tools %}" + _SCHEMAS_SYSTEM_TURN + _CONVERSATION
 """Qwen 2.5-style ChatML with tools: the tools' JSON schemas in the system turn, each assistant
 tool call as `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (arguments given as a JSON
 string are written verbatim, a dict through `tojson`), consecutive tool results as one user turn
@@ -93,6 +105,13 @@ of `<tool_response>` blocks. Tool-call ids are not rendered (as in Qwen's templa
 A reply the model generates after the generation prompt, followed by `<|im_end|>` and a newline,
 is exactly what this template renders for that reply: the rendering of a conversation is always
 its previous rendering plus the new turns, so token ids sampled turn by turn decode to it."""
+SIGNATURES_CHAT_TEMPLATE = "{%- if tools %}" + _SIGNATURES_SYSTEM_TURN + _CONVERSATION
+"""The same conversation with each tool declared by its signature alone (`edit_file(path,
+old_text, new_text)`) instead of its JSON schema: a system turn of ~110 tokens instead of ~500
+for a tiny model, whose attention the schemas dilute and whose training step they lengthen.
+Replies are rendered and parsed exactly as with `CHAT_TEMPLATE`."""
+TOOL_DECLARATIONS = {"schemas": CHAT_TEMPLATE, "signatures": SIGNATURES_CHAT_TEMPLATE}
+"""How a tiny model's chat template declares the tools, by name (`build_tiny_model`)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -139,11 +158,13 @@ def build_tiny_model(
     seed: int = 0,
     size: TinyModelSize | None = None,
     tool_call_training: ToolCallTraining | None = None,
+    tool_declarations: str = "schemas",
 ) -> Path:
     """Write a complete Hugging Face causal-LM directory at `out_dir` and return its path.
 
     Config (`Qwen2ForCausalLM`), safetensors weights (random init from `seed`), tokenizer files
-    and the tool-calling chat template (`CHAT_TEMPLATE`). With `tool_call_training`, the random
+    and the tool-calling chat template (`TOOL_DECLARATIONS[tool_declarations]`: the tools' JSON
+    schemas, `CHAT_TEMPLATE`, or their signatures, `SIGNATURES_CHAT_TEMPLATE`). With `tool_call_training`, the random
     model is first fine-tuned on synthetic tool-calling transcripts (`tool_call_transcripts`) so
     its replies are well-formed tool calls. The directory is written next to `out_dir` and moved
     into place at the end: nothing half-written is left under `out_dir`. Deterministic in its
@@ -153,11 +174,16 @@ def build_tiny_model(
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise ModelDirError(f"{out} exists and is not empty; give a new directory to build into")
+    if tool_declarations not in TOOL_DECLARATIONS:
+        raise ModelDirError(
+            f"tool_declarations must be one of {sorted(TOOL_DECLARATIONS)}; got {tool_declarations!r}"
+        )
     size = size or TinyModelSize()
     transcripts = tool_call_transcripts(
         count=tool_call_training.transcripts if tool_call_training else 16, seed=seed
     )
     tokenizer = _train_tokenizer(transcripts, size.vocab_size)
+    tokenizer.chat_template = TOOL_DECLARATIONS[tool_declarations]
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=size.hidden_size,
@@ -485,12 +511,20 @@ def fine_tune_on_transcripts(
     learning_rate: float,
     seed: int,
     threads: int | None = 1,
+    context_first_steps: int = 0,
 ) -> list[float]:
     """Supervised fine-tune on the assistant tokens of `transcripts` (AdamW, 10-step warm-up,
     cosine decay) for exactly `steps` steps; returns the loss of every step. The result depends
     on the step budget alone, never on how busy the machine is: `threads` (1 by default, None:
     torch's own count) is fixed for the run because thread counts change the order of
-    floating-point sums."""
+    floating-point sums.
+
+    The first `context_first_steps` steps train only the tokens `context_dependent_tokens`
+    marks, those that must be read from the prompt or the tool results. A model with no
+    pretraining (every tiny model) otherwise learns the replies' fixed tokens first, and its
+    attention settles on them: measured on the `flags` family (1.26 M parameters, 600
+    transcripts), 800 steps on every token left the flag name at chance on held-out
+    transcripts; 100 steps on the context-dependent tokens first put it at 100% by step 250."""
     threads_before = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -503,6 +537,7 @@ def fine_tune_on_transcripts(
             batch_size=batch_size,
             learning_rate=learning_rate,
             seed=seed,
+            context_first_steps=context_first_steps,
         )
     finally:
         torch.set_num_threads(threads_before)
@@ -517,15 +552,33 @@ def _fine_tune_steps(
     batch_size: int,
     learning_rate: float,
     seed: int,
+    context_first_steps: int,
 ) -> list[float]:
     encoded = [transcript_token_ids(tokenizer, transcript) for transcript in transcripts]
+    # Transcripts with no context-dependent token sit the first phase out; if none has one (a
+    # single transcript, or replies that never vary), every step trains every token.
+    encoded_first = encoded
+    if context_first_steps:
+        encoded_first = [
+            (ids, dependent)
+            for (ids, _), dependent in zip(encoded, context_dependent_tokens(encoded), strict=True)
+            if any(dependent)
+        ] or encoded
     pad_id = tokenizer.pad_token_id
-    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
+    # beta2 0.95, as language models are trained (torch's default is 0.999): with 0.999 the
+    # second-moment estimate remembers the first steps' large gradients for hundreds of steps,
+    # which starves the context-dependent tokens' small ones. Measured on `flags` (300
+    # transcripts, 100 context-first steps of 300): held-out name accuracy 16% with 0.999
+    # (chance: 12.5%), 100% with 0.95.
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=learning_rate, betas=(0.9, 0.95), weight_decay=0.0
+    )
     order = random.Random(f"rollyard-tiny-order:{seed}")
     model.train()
     losses: list[float] = []
     for step in range(steps):
-        batch = order.sample(encoded, k=min(batch_size, len(encoded)))
+        pool = encoded_first if step < context_first_steps else encoded
+        batch = order.sample(pool, k=min(batch_size, len(pool)))
         length = max(len(ids) for ids, _ in batch)
         input_ids = torch.full((len(batch), length), pad_id, dtype=torch.long)
         labels = torch.full((len(batch), length), -100, dtype=torch.long)
@@ -548,6 +601,33 @@ def _fine_tune_steps(
         losses.append(float(loss.detach()))
     model.eval()
     return losses
+
+
+def context_dependent_tokens(
+    encoded: Sequence[tuple[list[int], list[bool]]],
+) -> list[list[bool]]:
+    """Per transcript (token ids, trained mask), the trained tokens that the reply so far does
+    not determine: after the same turn number and the same reply tokens, the transcripts go on
+    with different tokens, so the token can only come from the prompt or the tool results (a
+    file name, a value the instruction gives). The others (the call's JSON, a tool name every
+    transcript uses there) the reply's own beginning decides."""
+    followers: dict[tuple[int, tuple[int, ...]], set[int]] = {}
+    keyed: list[list[tuple[int, tuple[int, ...]] | None]] = []
+    for ids, trained in encoded:
+        keys: list[tuple[int, tuple[int, ...]] | None] = []
+        turn, reply_start = -1, None
+        for position, (token, in_reply) in enumerate(zip(ids, trained, strict=True)):
+            if not in_reply:
+                reply_start = None
+                keys.append(None)
+                continue
+            if reply_start is None:
+                turn, reply_start = turn + 1, position
+            key = (turn, tuple(ids[reply_start:position]))
+            followers.setdefault(key, set()).add(token)
+            keys.append(key)
+        keyed.append(keys)
+    return [[key is not None and len(followers[key]) > 1 for key in keys] for keys in keyed]
 
 
 def _assistant_token_loss(
