@@ -6,7 +6,8 @@ Layout: `store` (the `TrajectoryStore` front door) · `commits` (the commit engi
 record) · `delta_tables` (per-thread table handles, catch-up, schema checks) · `shard_log`
 (pending shards read from the log) · `shard_writer` · `maintenance` (compaction, vacuum) ·
 `readers` (snapshots, DuckDB views) · `tables/` (gates, metrics, tasks, reviews, checkpoints) ·
-`schemas` · `records` · `data_files` · `queries` · `gates` (the Great Expectations gate) ·
+`schemas` · `records` · `data_files` · `queries` · `gates` (the Great Expectations gate; its
+persisted suites in `gate_suites`, its checkpoint run and Data Docs in `gate_checkpoints`) ·
 `reviews` · `report` · `errors`.
 
 Stands alone: it imports no other rollyard package but the `rollyard` foundation. Names are
