@@ -1,8 +1,9 @@
 """The store's Delta tables, opened per thread: creating them, catching a handle up on the log,
 and checking (and, for a writer, evolving) their schema; also the application transaction ids.
 
-Why a handle catches up rather than reopening, and why checkpoints every 10 commits, is in the
-design record of `storage.commits`, whose `CommitEngine` commits through these handles.
+Why a commit first catches its handles up, rather than reopening the tables or committing on a
+stale handle, is in the design record of `storage.commits`, whose `CommitEngine` extends
+`StoreTables` and commits through these handles.
 """
 
 from __future__ import annotations
