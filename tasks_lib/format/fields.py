@@ -54,6 +54,7 @@ def rollyard_table(check: IssueCollector, doc: dict[str, Any]) -> object:
 def number_field(
     check: IssueCollector, table: dict[str, Any], key: str, field: str
 ) -> float | None:
+    """A positive finite number at `table[key]` (None when absent or bad; an issue if bad)."""
     if key not in table:
         return None
     value = table[key]
@@ -74,6 +75,8 @@ def string_field(
     *,
     required: bool = False,
 ) -> str:
+    """A non-empty string at `table[key]`, else `default` (an issue if bad, or if absent and
+    `required`)."""
     if key not in table:
         if required:
             check.add(
@@ -98,6 +101,8 @@ def string_field(
 
 
 def command_test_paths(check: IssueCollector, command: str) -> tuple[str, ...]:
+    """The workspace-relative test paths of a pytest `test_command` (an issue for anything else
+    in it)."""
     try:
         argv = shlex.split(command)
     except ValueError as error:
@@ -149,6 +154,8 @@ def command_test_paths(check: IssueCollector, command: str) -> tuple[str, ...]:
 def task_limits(
     check: IssueCollector, doc: dict[str, Any], rollyard: dict[str, Any], harbor: HarborConfig
 ) -> tuple[Limits, float, float]:
+    """The sandbox limits and the agent and verifier timeouts: Harbor's sections, then
+    `[rollyard.limits]` over them."""
     defaults = Limits()
     values: dict[str, float] = {}
     agent_timeout_s = 600.0

@@ -31,6 +31,8 @@ MAX_TASK_TOML_BYTES = 1 << 20
 
 
 def harbor_layout(check: IssueCollector, root: Path) -> tuple[str, dict[str, Any]]:
+    """The instruction text and the parsed task.toml, with an issue for each part Harbor requires
+    that is missing, too large or unreadable."""
     instruction = ""
     instruction_path = root / "instruction.md"
     if not instruction_path.is_file():
@@ -129,6 +131,7 @@ def bounded_tree(check: IssueCollector, root: Path, workspace: Path, limits: Lim
 
 
 def rollyard_workspace(check: IssueCollector, root: Path, rollyard: dict[str, Any]) -> Path:
+    """The workspace of a task with rollyard's fields, checked to hold no history or solution."""
     if "workspace_dir" in rollyard:
         relative = string_field(check, rollyard, "workspace_dir", DEFAULT_WORKSPACE_DIR)
     elif (root / DEFAULT_WORKSPACE_DIR).is_dir():

@@ -60,6 +60,8 @@ def _node_name(match: re.Match[str]) -> str:
 def check_test_ids(
     check: IssueCollector, field: str, ids: Any, root: Path | None, root_label: str
 ) -> tuple[str, ...]:
+    """The test ids of `field`, each checked for its form and, under `root`, for the test it
+    names."""
     if not isinstance(ids, list) or not all(isinstance(item, str) for item in ids):
         check.add(
             "task.toml",
