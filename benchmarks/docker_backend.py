@@ -123,9 +123,9 @@ def main() -> int:
         snapshot = Path(tmp) / "snapshot"
         snapshot.mkdir()
         (snapshot / "calc.py").write_text("def add(a, b):\n    return a + b\n")
-        from sandboxes.docker import _shared_client, base_image
+        from sandboxes.docker_images import base_image, shared_client
 
-        client = _shared_client()
+        client = shared_client()
         line("docker: cold `docker run --rm true`",
              timed(lambda: client.containers.run(base_image(), ["true"], remove=True,
                                                  network_mode="none"), args.runs))  # fmt: skip

@@ -1,9 +1,8 @@
 """The Docker backend, for tasks that ship an image: a warm container per sandbox, commands by
 `exec` (~0.1 s each, against ~0.5 s for `docker run`).
 
-Images are layered base -> family -> task, each tagged by a hash of what built it (parent image
-id + Dockerfile + context, or parent + snapshot digest), so only what changed is rebuilt. The
-container has no network, drops every capability but KILL (used only by its reaper), runs
+Images (base -> family -> task layers, built once per content) are in `sandboxes.docker_images`.
+The container has no network, drops every capability but KILL (used only by its reaper), runs
 commands as uid 1000, and has memory (swap included), pids and CPU limits; a CPU-time rlimit and
 a wall timeout bound each command, and every process a command started is killed when it returns.
 Reset replaces the container with a fresh one from the task image (cost independent of the
@@ -22,7 +21,6 @@ import io
 import os
 import posixpath
 import secrets
-import shlex
 import signal
 import tarfile
 import threading
@@ -32,9 +30,18 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from rollyard.settings import settings
 from sandboxes import host
 from sandboxes.base import WORKSPACE_MOUNT, ExecResult, Limits, Sandbox, WorkspaceDiff
+from sandboxes.docker_images import (
+    LABEL,
+    OWNER_LABEL,
+    SANDBOX_UID,
+    STATE_DIR,
+    base_image,
+    image_id,
+    shared_client,
+    snapshot_image,
+)
 from sandboxes.egress import SOCKET_IN_SANDBOX, EgressProxy, proxy_environment, relay_argv
 from sandboxes.errors import (
     SandboxSetupError,
@@ -43,14 +50,6 @@ from sandboxes.errors import (
 )
 from sandboxes.output import CappedBuffer
 from sandboxes.snapshot import DIGEST_PREFIX, TreeBounds, prepare_snapshot
-
-BASE_IMAGE_ENV = "ROLLYARD_DOCKER_BASE_IMAGE"
-LABEL = "rollyard.sandbox"
-OWNER_LABEL = "rollyard.owner"
-KEY_LABEL = "rollyard.key"
-SANDBOX_UID = 1000
-STATE_DIR = "/run/rollyard"
-"""Root-owned directory in every task image for what the backend hands a command (stdin)."""
 
 # PID 1 of every container: reaps orphans (so killed trees leave no zombies that count against
 # the pids limit) and exits on SIGTERM.
@@ -78,218 +77,6 @@ _DESCRIBE = (
     'elif [ -f "$p" ]; then printf "F %s %s\\n" "$(stat -c %a -- "$p")" '
     '"$(sha256sum -- "$p" | cut -d" " -f1)"; elif [ -d "$p" ]; then echo D; else echo -; fi; done'
 )
-
-
-def _client() -> Any:
-    try:
-        import docker
-    except ImportError as error:  # pragma: no cover - docker is a dependency
-        raise SandboxUnavailableError("the docker backend needs the `docker` package") from error
-    try:
-        client = docker.from_env(timeout=120)
-        client.ping()
-    except Exception as error:
-        raise SandboxUnavailableError(
-            f"no Docker engine answers at {os.environ.get('DOCKER_HOST', 'the default socket')} "
-            f"({type(error).__name__}); start one with infra/docker/start-engine.sh and export "
-            "the DOCKER_HOST it prints"
-        ) from error
-    return client
-
-
-@functools.cache
-def _shared_client() -> Any:
-    return _client()
-
-
-def base_image() -> str:
-    return settings().docker_base_image
-
-
-def _image_id(client: Any, reference: str) -> str:
-    import docker
-
-    try:
-        return str(client.images.get(reference).id)
-    except docker.errors.ImageNotFound:
-        raise SandboxUnavailableError(
-            f"image {reference!r} is not in the engine; build the base image with "
-            "infra/docker/start-engine.sh (no registry is needed) or set "
-            f"{BASE_IMAGE_ENV}"
-        ) from None
-
-
-def _tree_digest(context_dir: Path) -> str:
-    from sandboxes.snapshot import snapshot_digest
-
-    return snapshot_digest(context_dir)
-
-
-def build_layer(
-    parent: str,
-    dockerfile: str,
-    context_dir: Path | None = None,
-    *,
-    kind: str = "family",
-    network: bool = False,
-    timeout_s: float = 600.0,
-    client: Any = None,
-) -> str:
-    """Build (or reuse) an image from `dockerfile` on top of `parent`; returns its tag.
-
-    The Dockerfile's first `FROM` is replaced by `parent`, so Harbor task Dockerfiles that name a
-    registry image build offline on the local base. The tag is `rollyard/<kind>:<hash>` where the
-    hash covers the parent's image id, the Dockerfile text and the context's content digest.
-    Builds run without network unless `network` (the host's, for a task Dockerfile's apt-get and
-    pip: Debian mirrors and PyPI are what the host reaches); containers never have any.
-    """
-    client = client or _shared_client()
-    parent_id = _image_id(client, parent)
-    lines = dockerfile.splitlines()
-    for index, line in enumerate(lines):
-        if line.strip().upper().startswith("FROM "):
-            lines[index] = f"FROM {parent}"
-            break
-    else:
-        lines.insert(0, f"FROM {parent}")
-    text = "\n".join(lines) + "\n"
-    context_digest = _tree_digest(context_dir) if context_dir is not None else "-"
-    key = hashlib.sha256(f"{parent_id}\n{context_digest}\n{text}".encode()).hexdigest()
-    tag = f"rollyard/{kind}:{key[:24]}"
-    with contextlib.suppress(Exception):
-        client.images.get(tag)
-        return tag
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
-        if context_dir is not None:
-            archive.add(str(context_dir), arcname=".")
-        data = text.encode()
-        info = tarfile.TarInfo(".rollyard.Dockerfile")
-        info.size = len(data)
-        archive.addfile(info, io.BytesIO(data))
-    buffer.seek(0)
-    try:
-        client.images.build(
-            fileobj=buffer, custom_context=True, dockerfile=".rollyard.Dockerfile", tag=tag,
-            network_mode="host" if network else "none", rm=True, forcerm=True,
-            labels={KEY_LABEL: key}, timeout=timeout_s,
-        )  # fmt: skip
-    except Exception as error:
-        raise SandboxSetupError(f"building the {kind} image on {parent} failed: {error}") from error
-    return tag
-
-
-def harbor_task_image(
-    environment_dir: Path,
-    workdir: str = WORKSPACE_MOUNT,
-    *,
-    base: str | None = None,
-    build_timeout_s: float = 600.0,
-    client: Any = None,
-) -> str:
-    """The image of a Harbor task that brings its own (`environment/Dockerfile`), built once per
-    content digest on the local base image (its `RUN` lines reach the host's network), with the
-    image's WORKDIR leading to the workspace: the agent and the verifier work in the WORKDIR the
-    task names, and the sandbox sees their changes under /workspace."""
-    dockerfile = (environment_dir / "Dockerfile").read_text(encoding="utf-8")
-    image = build_layer(base or base_image(), dockerfile, environment_dir, kind="task-env",
-                        network=True, timeout_s=build_timeout_s, client=client)  # fmt: skip
-    return _workdir_layer(image, workdir, client=client)
-
-
-def pulled_task_image(reference: str, workdir: str | None = None, *, client: Any = None) -> str:
-    """The image of a Harbor task that names a pre-built one (`[environment] docker_image`) and
-    no Dockerfile: the engine's copy, pulled when it has none, used as is (not rebuilt on the
-    base image), with its WORKDIR (`workdir` overrides it) leading to the workspace as for a
-    built one. It must hold `sh` and `python3` (the container's reaper). A pull that fails
-    raises `SandboxUnavailableError` saying how to provide the image."""
-    import docker
-
-    client = client or _shared_client()
-    try:
-        found = client.images.get(reference)
-    except docker.errors.ImageNotFound:
-        try:
-            found = client.images.pull(reference)
-        except Exception as error:
-            # The engine's own words (a name that does not resolve, a denied pull), not the SDK's.
-            text = str(getattr(error, "explanation", None) or error).strip().splitlines()
-            raise SandboxUnavailableError(
-                f"cannot pull the task's image {reference} "
-                f"({text[0][:200] if text else type(error).__name__}); load it into the engine "
-                "(`docker pull` where its registry is reachable, then `docker save` | `docker "
-                "load` here), or give the task an environment/Dockerfile"
-            ) from None
-    configured = str((found.attrs.get("Config") or {}).get("WorkingDir") or "/")
-    return _workdir_layer(reference, workdir or configured, client=client)
-
-
-def _workdir_layer(image: str, workdir: str, *, client: Any) -> str:
-    """`image` with its WORKDIR's content moved to /workspace and the WORKDIR a symlink to it,
-    so the agent and the verifier work where the task says and the sandbox sees their changes
-    under /workspace (the image itself where the WORKDIR is / or /workspace)."""
-    workdir = posixpath.normpath(workdir)
-    if workdir in ("/", WORKSPACE_MOUNT):
-        return image
-    quoted = shlex.quote(workdir)
-    # What the Dockerfile left in WORKDIR (files its RUN lines made too) moves to the workspace.
-    relocate = (
-        "FROM parent\nUSER root\n"
-        f"RUN mkdir -p {WORKSPACE_MOUNT} && if [ -d {quoted} ] && [ ! -L {quoted} ]; then "
-        f"cp -a {quoted}/. {WORKSPACE_MOUNT}/ && rm -rf {quoted}; fi && "
-        f'mkdir -p "$(dirname {quoted})" && ln -sfn {WORKSPACE_MOUNT} {quoted}\n'
-        f"WORKDIR {WORKSPACE_MOUNT}\n"
-    )
-    return build_layer(image, relocate, kind="task-env", client=client)
-
-
-def _tar_tree(root: Path, arc_root: str) -> io.BytesIO:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
-
-        def owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
-            info.uid = info.gid = SANDBOX_UID
-            info.uname = info.gname = ""
-            return info
-
-        archive.add(str(root), arcname=arc_root, filter=owned)
-    buffer.seek(0)
-    return buffer
-
-
-def snapshot_image(parent: str, lower_dir: Path, digest: str, *, client: Any) -> str:
-    """The task layer: `parent` plus the snapshot at /workspace (uid 1000), tagged by hash."""
-    parent_id = _image_id(client, parent)
-    key = hashlib.sha256(f"{parent_id}\n{digest}".encode()).hexdigest()
-    tag = f"rollyard/task:{key[:24]}"
-    with contextlib.suppress(Exception):
-        client.images.get(tag)
-        return tag
-    container = client.containers.create(
-        parent,
-        command=["true"],
-        network_mode="none",
-        labels={LABEL: "build", OWNER_LABEL: host.owner_token()},
-    )
-    try:
-        ok = container.put_archive("/", _tar_tree(lower_dir, WORKSPACE_MOUNT.lstrip("/")))
-        state = tarfile.TarInfo(STATE_DIR.lstrip("/"))
-        state.type = tarfile.DIRTYPE
-        state.mode = 0o755
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as archive:
-            archive.addfile(state)
-        buffer.seek(0)
-        ok = ok and container.put_archive("/", buffer)
-        if not ok:
-            raise SandboxSetupError(f"copying the snapshot into {parent} failed")
-        container.commit(
-            repository="rollyard/task", tag=key[:24],
-            conf={"Labels": {KEY_LABEL: key}, "WorkingDir": WORKSPACE_MOUNT},
-        )  # fmt: skip
-    finally:
-        container.remove(force=True)
-    return tag
 
 
 def _cgroup_dirs(container_id: str, controller: str) -> Iterator[Path]:
@@ -329,7 +116,7 @@ def _remove_spare(spare: Future[Any]) -> None:
 def _swept() -> bool:
     """Remove containers whose owning process is gone (killed before it could close them)."""
     with contextlib.suppress(SandboxUnavailableError):
-        client = _shared_client()
+        client = shared_client()
         for container in client.containers.list(all=True, filters={"label": LABEL}):
             owner = container.labels.get(OWNER_LABEL, "")
             if not owner or not host.owner_alive(owner):
@@ -348,7 +135,7 @@ class DockerSandbox(Sandbox):
     def __init__(self, snapshot: Path, *, limits: Limits | None = None, image: str | None = None,
                  client: Any = None) -> None:  # fmt: skip
         limits = limits or Limits()
-        self._client = client or _shared_client()
+        self._client = client or shared_client()
         _swept()
         prepared = prepare_snapshot(
             Path(snapshot),
@@ -360,7 +147,7 @@ class DockerSandbox(Sandbox):
         if image is not None:
             # A task's own image is part of where the episode starts: the digest every episode
             # records covers the image (by id) and the workspace.
-            both = f"{_image_id(self._client, image)}\n{prepared.digest}".encode()
+            both = f"{image_id(self._client, image)}\n{prepared.digest}".encode()
             digest = DIGEST_PREFIX + hashlib.sha256(both).hexdigest()
         super().__init__(Path(snapshot), digest, limits)
         self._closed = True  # until fully built

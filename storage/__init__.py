@@ -3,9 +3,12 @@ Delta Lake tables under one store root, committed exactly once per (run, iterati
 queried by DuckDB.
 
 Layout: `store` (the `TrajectoryStore` front door) · `commits` (the commit engine and its design
-record) · `shard_writer` · `maintenance` (compaction, vacuum) · `readers` (snapshots, DuckDB
-views) · `tables/` (gates, metrics, tasks, reviews, checkpoints) · `schemas` · `records` ·
-`data_files` · `queries` · `gates` (the Great Expectations gate) · `reviews` · `report` · `errors`.
+record) · `delta_tables` (per-thread table handles, catch-up, schema checks) · `shard_log`
+(pending shards read from the log) · `shard_writer` · `maintenance` (compaction, vacuum) ·
+`readers` (snapshots, DuckDB views) · `tables/` (gates, metrics, tasks, reviews, checkpoints) ·
+`schemas` · `records` · `data_files` · `queries` · `gates` (the Great Expectations gate; its
+persisted suites in `gate_suites`, its checkpoint run and Data Docs in `gate_checkpoints`) ·
+`reviews` · `report` · `errors`.
 
 Stands alone: it imports no other rollyard package but the `rollyard` foundation. Names are
 imported on first use (PEP 562), so importing a small module such as `storage.errors` does not

@@ -17,7 +17,7 @@ commit, and named by the shard commit's fresh `commit_id`.
   (rollyard, deltalake, polars, DuckDB's delta extension, Spark) ever sees a losing shard's rows;
 - the episodes commit is the commit point (`is_committed`): rollyard's readers show a shard
   once its episodes are in, and leave out steps files whose (run_id, iteration, commit_id) match
-  no committed episodes (`orphan_step_files`, decided from the log's file statistics);
+  no committed episodes (`storage.shard_log.orphan_step_files`, from the log's file statistics);
 - a writer killed between the two commits leaves its steps committed and its episodes file
   written but not committed ("pending"). Whoever comes next completes it (`roll_forward`): a
   replay of the shard, a concurrent writer of it, or `vacuum`, each committing the owner's own
@@ -58,7 +58,9 @@ file (encode and write), and groups, which take fewer hand-overs per shard the m
 
 The smaller tables (gates, metrics, tasks, reviews, checkpoints) append one batch per commit with
 `append_once`, keyed by an application transaction id of their own. Compaction and vacuum, which
-rearrange committed steps files, are in `storage.maintenance`.
+rearrange committed steps files, are in `storage.maintenance`; opening, catching up and schema
+checks of the table handles, in `storage.delta_tables`; reading pending shards from the log, in
+`storage.shard_log`.
 """
 
 from __future__ import annotations
@@ -66,37 +68,30 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 import uuid
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, TypeAlias
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
 from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Transaction
-from deltalake import Field as DeltaField
 from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
 
-from storage.data_files import STATS_COLUMNS, existing_data_file, write_data_file
-from storage.errors import CommitError, SchemaMismatchError
+from storage.data_files import existing_data_file, write_data_file
+from storage.delta_tables import StoreTables, transaction_id
+from storage.errors import CommitError
 from storage.records import TableInput, shard_tables
 from storage.schemas import EPISODES, STEPS, TableSpec
+from storage.shard_log import PendingShard, pending_shards
 
 # Delta retries a commit that lost a race to a non-conflicting one; many parallel shard writers
 # need more than the library default.
 MAX_COMMIT_RETRIES = 100
-# Replaying the JSON log of a partitioned table made each commit slower as commits accumulated
-# (20 ms -> 60 ms per commit by the 300th with the default interval of 100); a checkpoint every
-# 10 commits kept it at 8-18 ms. Measured again with the store's own commits at 500 commits:
-# interval 10 beat 1, 2, 5 and 25.
-_TABLE_CONFIGURATION = {"delta.checkpointInterval": "10"}
 # After each commit Delta writes a checkpoint when the table's interval says so; old log files
 # are only removed past the default retention.
 _POST_COMMIT = PostCommitHookProperties(create_checkpoint=True)
@@ -138,12 +133,6 @@ class PreparedShard:
         return {"run_id": self.run_id, "iteration": self.iteration}
 
 
-def transaction_id(*parts: object) -> str:
-    """An application transaction id: what makes a commit of these parts detectable on replay."""
-    # JSON keeps the parts unambiguous whatever characters a run id holds.
-    return "rollyard:" + json.dumps([str(part) for part in parts], separators=(",", ":"))
-
-
 def now() -> datetime:
     """The time a row is recorded at (UTC)."""
     return datetime.now(UTC)
@@ -155,144 +144,14 @@ def first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def _table_configuration(spec: TableSpec) -> dict[str, str | None]:
-    configuration: dict[str, str | None] = dict(_TABLE_CONFIGURATION)
-    columns = STATS_COLUMNS.get(spec.name)
-    if columns is not None:
-        # Tells other Delta writers (compaction, say) to collect the same statistics.
-        configuration["delta.dataSkippingStatsColumns"] = ",".join(columns)
-    return configuration
-
-
-class CommitEngine:
-    """Opens the tables of one store root, writes their files and commits them exactly once.
-
-    `root` is an absolute local directory or an object-storage URI (`remote`). Table handles are
-    opened lazily, per thread (a handle is not meant to be shared across threads).
-    """
+class CommitEngine(StoreTables):
+    """Writes the files of one store root's tables and commits them exactly once, through the
+    per-thread table handles of `StoreTables`."""
 
     def __init__(self, root: str, *, remote: bool, storage_options: Mapping[str, str]) -> None:
-        self.root = root
-        self.remote = remote
-        self.storage_options = dict(storage_options)
-        self._local = threading.local()
+        super().__init__(root, remote=remote, storage_options=storage_options)
         # Partition directories known to exist (local roots), so writes skip the mkdir.
         self._directories: set[tuple[str, str]] = set()
-        # Table handles of closed shard writers, for the next writer (a handle that only catches
-        # up is far cheaper than opening the table again).
-        self._spare_handles: list[dict[str, DeltaTable]] = []
-        self._spare_lock = threading.Lock()
-        # Tables known to hold every column of their spec (see `_bring_up_to_date`).
-        self._current: set[str] = set()
-
-    def __repr__(self) -> str:
-        return f"CommitEngine({self.root!r})"
-
-    # ---- tables -------------------------------------------------------------------------------
-
-    def table_uri(self, name: str) -> str:
-        """Where table `name` lives (a local path or a URI)."""
-        return f"{self.root}/{name}"
-
-    def filesystem(self, uri: str) -> pafs.FileSystem:
-        """A filesystem rooted at `uri` (a table's directory or the store root)."""
-        # pyarrow's own filesystems: reading through deltalake's Python filesystem handler aborts
-        # the interpreter at exit ("terminate called without an active exception").
-        if self.remote:
-            base, path = pafs.FileSystem.from_uri(uri)
-            return pafs.SubTreeFileSystem(path, base)
-        return pafs.SubTreeFileSystem(uri, pafs.LocalFileSystem())
-
-    def take_handles(self) -> dict[str, DeltaTable]:
-        """Table handles for a shard writer's thread: a closed writer's, or none yet."""
-        with self._spare_lock:
-            return self._spare_handles.pop() if self._spare_handles else {}
-
-    def give_back_handles(self, handles: dict[str, DeltaTable]) -> None:
-        """Keep a closed shard writer's handles for the next one."""
-        with self._spare_lock:
-            self._spare_handles.append(handles)
-
-    def handles(self) -> dict[str, DeltaTable]:
-        """This thread's open table handles by table name."""
-        handles: dict[str, DeltaTable] = self._local.__dict__.setdefault("handles", {})
-        return handles
-
-    def open(self, spec: TableSpec, *, create: bool) -> DeltaTable | None:
-        """The table's handle at its latest version, or None if absent and `create` is False."""
-        return self.open_in(self.handles(), spec, create=create)[0]
-
-    def open_in(
-        self,
-        handles: dict[str, DeltaTable],
-        spec: TableSpec,
-        *,
-        create: bool,
-        app_ids: Sequence[str] = (),
-    ) -> tuple[DeltaTable | None, frozenset[str]]:
-        """`open` with the calling thread's handles passed in, so a helper thread can catch a
-        handle up while its owner waits for it; also which of `app_ids` the table has recorded."""
-        table = self._catch_up(handles, spec, create=create)
-        if table is None or not app_ids:
-            return table, frozenset()
-        return table, frozenset(a for a in app_ids if table.transaction_version(a) is not None)
-
-    def _catch_up(
-        self, handles: dict[str, DeltaTable], spec: TableSpec, *, create: bool
-    ) -> DeltaTable | None:
-        cached = handles.get(spec.name)
-        if cached is not None:
-            # Catching up on new log entries is far cheaper than opening the table again.
-            cached.update_incremental()
-            return cached
-        uri = self.table_uri(spec.name)
-        options = self.storage_options or None
-        if not DeltaTable.is_deltatable(uri, storage_options=options):
-            # A directory with a `_delta_log/` but no commit in it yet is a table another writer
-            # is creating right now.
-            if (
-                not self.remote
-                and Path(uri).is_dir()
-                and any(Path(uri).iterdir())
-                and not Path(uri, "_delta_log").is_dir()
-            ):
-                raise SchemaMismatchError(
-                    f"{uri}: holds files but no Delta log (_delta_log/), so it is not a rollyard "
-                    "table; move it out of the store root"
-                )
-            if not create:
-                return None
-            try:
-                DeltaTable.create(
-                    uri,
-                    schema=spec.schema,
-                    partition_by=list(spec.partition_by) or None,
-                    mode="ignore",
-                    name=spec.name,
-                    description=spec.description,
-                    configuration=_table_configuration(spec),
-                    storage_options=options,
-                )
-            except Exception:
-                # Another writer may be creating it at the same time; only that case is fine.
-                deadline = time.monotonic() + 5.0
-                while not DeltaTable.is_deltatable(uri, storage_options=options):
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.01)
-        table = DeltaTable(uri, storage_options=options)
-        _check_schema(spec, table, uri)
-        handles[spec.name] = table
-        return table
-
-    def _bring_up_to_date(self, spec: TableSpec, table: DeltaTable) -> None:
-        """Give the table (the handle, in place) the columns added since it was written
-        (`TableSpec.added`) if it lacks them, before a writer commits to it: readers read an
-        older table as it is, and only a writer changes it."""
-        missing = _check_schema(spec, table, self.table_uri(spec.name))
-        if missing:
-            _add_columns(spec, table, missing)
-        self._current.add(spec.name)
 
     # ---- writing ------------------------------------------------------------------------------
 
@@ -656,159 +515,6 @@ class CommitEngine:
             pc.equal(actions["partition.iteration"].cast(pa.int64()), iteration),
         )
         return sorted(set(actions.filter(mask)["min.shard"].to_pylist()))
-
-
-def orphan_step_files(steps: DeltaTable, episodes: DeltaTable | None) -> set[str]:
-    """Paths of steps files whose shard commit never reached the episodes table: no reader sees
-    them."""
-    step_actions = pa.table(steps.get_add_actions(flatten=True))
-    if step_actions.num_rows == 0 or "min.commit_id" not in step_actions.column_names:
-        return set()
-    committed: set[tuple[Any, ...]] = set()
-    if episodes is not None:
-        episode_actions = pa.table(episodes.get_add_actions(flatten=True))
-        if episode_actions.num_rows and "min.commit_id" in episode_actions.column_names:
-            committed = set(
-                zip(
-                    episode_actions["partition.run_id"].to_pylist(),
-                    episode_actions["partition.iteration"].to_pylist(),
-                    episode_actions["min.commit_id"].to_pylist(),
-                    strict=True,
-                )
-            )
-    hidden: set[str] = set()
-    for path, run_id, iteration, low, high in zip(
-        step_actions["path"].to_pylist(),
-        step_actions["partition.run_id"].to_pylist(),
-        step_actions["partition.iteration"].to_pylist(),
-        step_actions["min.commit_id"].to_pylist(),
-        step_actions["max.commit_id"].to_pylist(),
-        strict=True,
-    ):
-        # A file mixing commits (rewritten by compaction) only ever holds committed rows.
-        if low == high and (run_id, iteration, low) not in committed:
-            hidden.add(path)
-    return hidden
-
-
-@dataclass(frozen=True, slots=True)
-class PendingShard:
-    """A shard whose steps are committed and whose episodes are not (its writer was killed
-    between the two commits, or is between them now)."""
-
-    run_id: str
-    iteration: int
-    shard: int
-    commit_id: str
-
-    @property
-    def app_id(self) -> str:
-        """The shard's application transaction id."""
-        return transaction_id("shard", self.run_id, self.iteration, self.shard)
-
-
-def pending_shards(
-    steps: DeltaTable, episodes: DeltaTable | None, *, app_ids: Collection[str] | None = None
-) -> list[PendingShard]:
-    """The shards whose steps the steps table holds under the shard's transaction id (its owner's
-    commit) with no committed episodes, from the log without scanning data; with `app_ids`, only
-    those shards, also finding ones whose owner committed no steps file (from the log's commit
-    information, a slower read only a replay of such a shard needs)."""
-    found: dict[str, PendingShard] = {}
-    hidden = orphan_step_files(steps, episodes)
-    if hidden:
-        actions = pa.table(steps.get_add_actions(flatten=True))
-        for path, run_id, iteration, shard, high_shard, commit_id in zip(
-            actions["path"].to_pylist(),
-            actions["partition.run_id"].to_pylist(),
-            actions["partition.iteration"].to_pylist(),
-            actions["min.shard"].to_pylist(),
-            actions["max.shard"].to_pylist(),
-            actions["min.commit_id"].to_pylist(),
-            strict=True,
-        ):
-            if path not in hidden or shard != high_shard:
-                continue
-            pending = PendingShard(str(run_id), int(iteration), int(shard), str(commit_id))
-            if app_ids is not None and pending.app_id not in app_ids:
-                continue
-            # Steps committed without the transaction id are a lost commit of an older store
-            # layout, never completed (`vacuum` removes them).
-            if steps.transaction_version(pending.app_id) is not None:
-                found.setdefault(pending.app_id, pending)
-    # Shards whose episodes are in are not pending (a winner that finished): only the rest are
-    # looked for in the commit information.
-    missing = {
-        app_id
-        for app_id in app_ids or ()
-        if app_id not in found
-        and (episodes is None or episodes.transaction_version(app_id) is None)
-    }
-    if missing:
-        found.update(_pending_without_steps(steps, episodes, missing))
-    return list(found.values())
-
-
-def _pending_without_steps(
-    steps: DeltaTable, episodes: DeltaTable | None, app_ids: set[str]
-) -> dict[str, PendingShard]:
-    """Pending shards among `app_ids` found from the steps log's commit information (the shard's
-    commit id is recorded there even when the shard has no steps file)."""
-    found: dict[str, PendingShard] = {}
-    for commit in steps.history():
-        shards = json.loads(commit.get("rollyard.shards", "[]"))
-        commit_ids = json.loads(commit.get("rollyard.commit_ids", "[]"))
-        for app_id, commit_id in zip(shards, commit_ids, strict=False):
-            if app_id not in app_ids or app_id in found:
-                continue
-            _, run_id, iteration, shard = json.loads(app_id.removeprefix("rollyard:"))
-            found[app_id] = PendingShard(run_id, int(iteration), int(shard), commit_id)
-        if len(found) == len(app_ids):
-            break
-    return found
-
-
-def _check_schema(spec: TableSpec, table: DeltaTable, uri: str) -> list[pa.Field]:
-    """The fields of `spec` an older table lacks (columns added since, see `TableSpec.added`);
-    raises for any other difference."""
-    actual = pa.schema(table.schema().to_arrow())
-    missing: list[pa.Field] = []
-    for expected in spec.schema:
-        index = actual.get_field_index(expected.name)
-        if index < 0 and expected.name in spec.added_columns:
-            missing.append(expected)
-            continue
-        if index < 0:
-            raise SchemaMismatchError(
-                f"{uri}: field {expected.name!r} is missing; rollyard schema "
-                f"v{spec.version} of {spec.name!r} defines it as {expected.type}"
-            )
-        found = actual.field(index)
-        if found.type != expected.type:
-            raise SchemaMismatchError(
-                f"{uri}: field {expected.name!r} is {found.type} in the table but rollyard "
-                f"schema v{spec.version} of {spec.name!r} defines {expected.type}; the table "
-                "was written by another version or tool"
-            )
-    extra = [name for name in actual.names if spec.schema.get_field_index(name) < 0]
-    if extra:
-        raise SchemaMismatchError(
-            f"{uri}: field(s) {extra} are not in rollyard schema v{spec.version} of "
-            f"{spec.name!r}; the table was written by another version or tool"
-        )
-    return missing
-
-
-def _add_columns(spec: TableSpec, table: DeltaTable, missing: Sequence[pa.Field]) -> None:
-    """Add the nullable columns an older table lacks (`missing`), in one metadata-only commit
-    on the handle `table`: no file is rewritten, readers see nulls in the older files. Two
-    writers doing this at once conflict; the loser finds the columns there."""
-    try:
-        table.alter.add_columns([DeltaField.from_arrow(field) for field in missing])
-    except Exception:
-        table.update_incremental()
-        if _check_schema(spec, table, table.table_uri):
-            raise
 
 
 _HELPERS: tuple[int, ThreadPoolExecutor] | None = None

@@ -43,10 +43,11 @@ from deltalake import DeltaTable
 from deltalake.transaction import RemoveAction
 
 from storage import lease
-from storage.commits import CommitEngine, first_line, orphan_step_files
+from storage.commits import CommitEngine, first_line
 from storage.errors import CorruptFileError, StoreError, StoreNotFoundError
 from storage.lease import LeaseHolder
 from storage.schemas import CHECKPOINTS, EPISODES, STEPS, TABLES, TableSpec
+from storage.shard_log import orphan_step_files
 
 QUARANTINE_DIR = "quarantine"
 CHECKPOINT_BLOBS = "checkpoint_blobs"

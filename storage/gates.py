@@ -13,15 +13,16 @@ one row per GRPO group (share of zero-variance groups). Rates are means of 0/1 c
 observed value is the rate itself. Results go to the `gates` table; a failing gate records a
 quarantined verdict, which `read_episodes` and the `training_episodes` view obey.
 
-Great Expectations takes 5-13 s to import, so it is imported inside `gate_iteration` only.
+Great Expectations takes 5-13 s to import, so it is imported inside `gate_iteration` only. This
+module decides what is checked; `storage.gate_suites` keeps the persisted GX suites in step with
+it, and `storage.gate_checkpoints` runs them and renders the Data Docs.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import pyarrow as pa
@@ -30,14 +31,9 @@ import pyarrow.compute as pc
 from rollyard.settings import settings
 from rollyard.status import ALL_STATUSES, is_trainable
 from storage.errors import GateSettingsError
-from storage.gx_project import (
-    DOCS_SITE,
-    ITERATION_SUITE_PREFIX,
-    dataframe_batch,
-    gate_docs_pages_for,
-    gate_run_name,
-    open_context,
-)
+from storage.gate_checkpoints import run_suites
+from storage.gate_suites import Check, SuiteName
+from storage.gx_project import gate_run_name
 from storage.store import TrajectoryStore
 from storage.tables.gates import GateResult
 
@@ -48,19 +44,6 @@ ITERATION_SUITE = "iteration"
 """Suite name under which `gate_iteration` records its results in the `gates` table."""
 
 OnFailure = Literal["continue", "stop"]
-SuiteName = Literal["batch", "episodes", "drift", "groups"]
-"""The iteration gate's GX suites (`iteration.<name>` in the store's GX project): row counts;
-per-episode columns (when there are rows); reward drift (when there is a reference); GRPO
-groups (when a group has two scored samples)."""
-_SUITE_FRAMES: dict[str, str] = {
-    "batch": "episodes",
-    "episodes": "episodes",
-    "drift": "episodes",
-    "groups": "groups",
-}
-ROLLYARD_META = "rollyard_check"
-"""Meta key naming a rollyard expectation in a suite; `rollyard_default` holds the arguments
-rollyard last wrote, so an expectation a user edited with GX's API is told apart and kept."""
 # The defaults of the status classes, from the one status vocabulary (in its order).
 _TRAINABLE = tuple(status for status in ALL_STATUSES if is_trainable(status))
 _INFRASTRUCTURE = tuple(status for status in ALL_STATUSES if not is_trainable(status))
@@ -244,16 +227,6 @@ class GateReport:
         ]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Check:
-    """One expectation with the name and threshold text it is reported under."""
-
-    name: str
-    expected: str
-    suite: SuiteName
-    expectation: Any
-
-
 def gate_iteration(
     store: TrajectoryStore,
     run_id: str,
@@ -291,7 +264,7 @@ def gate_iteration(
         suites.append("drift")
     if len(groups) > 0:
         suites.append("groups")
-    results, expected_of, docs_pages = _validate(
+    results, expected_of, docs_pages = run_suites(
         store.root,
         gate_run_name(run_id, iteration, evaluation),
         checks,
@@ -450,7 +423,7 @@ def _checks(
     n_rows: int,
     expected_episodes: int | None,
     reference: float | None,
-) -> tuple[list[_Check], dict[str, float]]:
+) -> tuple[list[Check], dict[str, float]]:
     """Every expectation rollyard keeps in the iteration suites, from the settings, and the
     suite parameters of this evaluation (what varies per iteration: the scheduled row count,
     the drift bounds). Which suites run is decided by the caller."""
@@ -473,13 +446,13 @@ def _checks(
         "reward_mean_max": high,
     }
     checks = [
-        _Check(
+        Check(
             "episode_count",
             f">= {settings.min_episodes}",
             "batch",
             gxe.ExpectTableRowCountToBeBetween(min_value=settings.min_episodes),
         ),
-        _Check(
+        Check(
             "episodes_as_scheduled",
             f"== {expected_episodes}" if expected_episodes is not None else "no schedule given",
             "batch",
@@ -487,31 +460,31 @@ def _checks(
         ),
     ]
     checks += [
-        _Check(
+        Check(
             "episode_id_not_null",
             "no null ids",
             "episodes",
             gxe.ExpectColumnValuesToNotBeNull(column="episode_id"),
         ),
-        _Check(
+        Check(
             "episode_id_unique",
             "no id twice",
             "episodes",
             gxe.ExpectColumnValuesToBeUnique(column="episode_id"),
         ),
-        _Check(
+        Check(
             "status_known",
             f"in {list(ALL_STATUSES)}",
             "episodes",
             gxe.ExpectColumnValuesToBeInSet(column="status", value_set=list(ALL_STATUSES)),
         ),
-        _Check(
+        Check(
             "attempt_non_negative",
             ">= 0",
             "episodes",
             gxe.ExpectColumnValuesToBeBetween(column="attempt", min_value=0),
         ),
-        _Check(
+        Check(
             "reward_in_range",
             f"in [{s.reward_min}, {s.reward_max}]",
             "episodes",
@@ -519,25 +492,25 @@ def _checks(
                 column="reward", min_value=s.reward_min, max_value=s.reward_max
             ),
         ),
-        _Check(
+        Check(
             "reward_not_nan",
             "no NaN reward",
             "episodes",
             gxe.ExpectColumnValuesToBeInSet(column="reward_is_nan", value_set=[False]),
         ),
-        _Check(
+        Check(
             "scored_reward_present",
             f"statuses {list(s.trainable_statuses)} carry a reward",
             "episodes",
             gxe.ExpectColumnValuesToBeInSet(column="scored_reward_missing", value_set=[False]),
         ),
-        _Check(
+        Check(
             "infra_errors_unscored",
             f"statuses {list(s.infra_statuses)} carry no reward",
             "episodes",
             gxe.ExpectColumnValuesToBeNull(column="infra_reward"),
         ),
-        _Check(
+        Check(
             "infra_error_rate",
             f"<= {s.max_infra_error_rate}",
             "episodes",
@@ -545,7 +518,7 @@ def _checks(
                 column="is_infra_error", min_value=0.0, max_value=s.max_infra_error_rate
             ),
         ),
-        _Check(
+        Check(
             "hack_flag_rate",
             f"<= {s.max_hack_flag_rate}",
             "episodes",
@@ -556,13 +529,13 @@ def _checks(
         # Quantile bounds as GX's median and `mostly` expectations: "at least 99% of the
         # values <= x" is "p99 <= x". (GX 1.24's quantile expectation stores numpy booleans
         # that its own file stores cannot serialize.)
-        _Check(
+        Check(
             "n_steps_p50",
             f"<= {s.n_steps_p50_max}",
             "episodes",
             gxe.ExpectColumnMedianToBeBetween(column="n_steps", max_value=s.n_steps_p50_max),
         ),
-        _Check(
+        Check(
             "n_steps_p99",
             f"<= {s.n_steps_p99_max}",
             "episodes",
@@ -570,7 +543,7 @@ def _checks(
                 column="n_steps", max_value=s.n_steps_p99_max, mostly=0.99
             ),
         ),
-        _Check(
+        Check(
             "wall_s_p99",
             f"<= {s.wall_s_p99_max}",
             "episodes",
@@ -580,7 +553,7 @@ def _checks(
         ),
     ]
     checks.append(
-        _Check(
+        Check(
             "reward_drift",
             f"mean in [{low:.3f}, {high:.3f}] (reference {reference:.3f})"
             if reference is not None
@@ -594,7 +567,7 @@ def _checks(
         )
     )
     checks.append(
-        _Check(
+        Check(
             "zero_variance_group_share",
             f"<= {s.max_zero_variance_group_share}",
             "groups",
@@ -604,166 +577,3 @@ def _checks(
         )
     )
     return checks, parameters
-
-
-def _validate(
-    store_root: str,
-    run_name: str,
-    checks: Sequence[_Check],
-    suites: Sequence[SuiteName],
-    parameters: dict[str, float],
-    frames: Mapping[str, pd.DataFrame],
-) -> tuple[list[GateResult], dict[str, str], list[str]]:
-    """Run the iteration suites through GX checkpoints in the store's GX project, Data Docs
-    rendered for this run; returns the results, the expected text of each result and the
-    run's Data Docs pages."""
-    import great_expectations as gx
-    from great_expectations.core.run_identifier import RunIdentifier
-    from great_expectations.data_context.types.resource_identifiers import (
-        ExpectationSuiteIdentifier,
-    )
-
-    context = open_context(store_root)
-    expected_of: dict[str, str] = {}
-    results: list[GateResult] = []
-    run_id = RunIdentifier(run_name=run_name)
-    rendered: list[Any] = []
-    for frame_name in ("episodes", "groups"):
-        chosen = [name for name in suites if _SUITE_FRAMES[name] == frame_name]
-        if not chosen:
-            continue
-        batch_definition = dataframe_batch(context, frame_name)
-        definitions = []
-        for suite_name in chosen:
-            suite = _synced_suite(context, suite_name, [c for c in checks if c.suite == suite_name])
-            rendered.append(ExpectationSuiteIdentifier(name=suite.name))
-            definitions.append(
-                context.validation_definitions.add_or_update(
-                    gx.ValidationDefinition(name=suite.name, data=batch_definition, suite=suite)
-                )
-            )
-        # No actions on the checkpoint: GX's UpdateDataDocsAction rebuilds the site index once
-        # per validation result (four times a gate), which cost ~65% of a gate; the docs are
-        # built once for the whole gate run below.
-        checkpoint = context.checkpoints.add_or_update(
-            gx.Checkpoint(
-                name=f"{ITERATION_SUITE_PREFIX}{frame_name}",
-                validation_definitions=definitions,
-                actions=[],
-                result_format="SUMMARY",
-            )
-        )
-        outcome = checkpoint.run(
-            batch_parameters={"dataframe": frames[frame_name]},
-            expectation_parameters=parameters,
-            run_id=run_id,
-        )
-        rendered.extend(outcome.run_results)
-        by_name = {c.name: c for c in checks}
-        for validation in outcome.run_results.values():
-            for result in validation.results:
-                name, expected = _described(result.expectation_config, by_name, parameters)
-                expected_of[name] = expected
-                results.append(_gate_result(name, result))
-    if rendered:
-        context.build_data_docs(site_names=[DOCS_SITE], resource_identifiers=rendered)
-    pages = [str(page) for page in gate_docs_pages_for(store_root, run_name)]
-    return results, expected_of, pages
-
-
-def _synced_suite(context: Any, suite_name: str, checks: Sequence[_Check]) -> Any:
-    """The persisted suite `iteration.<suite_name>`, with rollyard's expectations written from
-    the settings, except those a user edited with GX's API (kept as edited); expectations a
-    user added are kept and run too."""
-    import great_expectations as gx
-    from great_expectations.exceptions.exceptions import DataContextError
-
-    name = f"{ITERATION_SUITE_PREFIX}{suite_name}"
-    try:
-        suite = context.suites.get(name)
-    except DataContextError:
-        suite = context.suites.add(gx.ExpectationSuite(name=name))
-    stored = {
-        (e.meta or {}).get(ROLLYARD_META): e
-        for e in suite.expectations
-        if (e.meta or {}).get(ROLLYARD_META)
-    }
-    changed = False
-    for check in checks:
-        wanted = _arguments(check.expectation)
-        existing = stored.get(check.name)
-        if existing is not None:
-            current = _arguments(existing)
-            if current == wanted or current != existing.meta.get("rollyard_default"):
-                continue  # up to date, or edited by a user: theirs wins
-            suite.delete_expectation(existing)
-        expectation = check.expectation  # made fresh by `_checks` for this evaluation
-        expectation.meta = {ROLLYARD_META: check.name, "rollyard_default": wanted}
-        suite.add_expectation(expectation)
-        changed = True
-    if changed:
-        suite.save()
-    return suite
-
-
-def _arguments(expectation: Any) -> dict[str, Any]:
-    """An expectation's arguments as JSON values (comparable after a round trip to disk)."""
-    import json
-
-    kwargs = expectation.configuration.kwargs
-    return dict(json.loads(json.dumps({k: v for k, v in kwargs.items() if k != "batch_id"})))
-
-
-def _described(
-    config: Any, checks: Mapping[str, _Check], parameters: Mapping[str, float]
-) -> tuple[str, str]:
-    """The name a result is reported under and what it expected: rollyard's name and text for
-    its own unedited expectations, else the expectation type and its arguments (a result holds
-    its arguments with the suite parameters filled in)."""
-    meta = config.meta or {}
-    name = meta.get(ROLLYARD_META)
-    arguments = {k: v for k, v in config.kwargs.items() if k != "batch_id"}
-    default = {
-        key: parameters.get(value["$PARAMETER"], value)
-        if isinstance(value, dict) and "$PARAMETER" in value
-        else value
-        for key, value in (meta.get("rollyard_default") or {}).items()
-    }
-    if name in checks and arguments == default:
-        return str(name), checks[str(name)].expected
-    shown = ", ".join(f"{k}={v}" for k, v in arguments.items())
-    if name:
-        return str(name), f"{config.type}({shown}) (edited in the suite)"
-    column = arguments.get("column")
-    return f"{config.type}" + (f"[{column}]" if column else ""), f"{config.type}({shown})"
-
-
-def _gate_result(name: str, result: Any) -> GateResult:
-    info = result.exception_info or {}
-    if info.get("raised_exception"):
-        message = str(info.get("exception_message") or "expectation raised").splitlines()[0]
-        return GateResult(name, False, observed="error", details=message[:500])
-    body = result.result or {}
-    observed = body.get("observed_value")
-    details = result.expectation_config.type
-    if "unexpected_count" in body:
-        count = body.get("unexpected_count") or 0
-        observed = f"{count} unexpected" + (
-            f" of {body['element_count']}" if body.get("element_count") is not None else ""
-        )
-        sample = body.get("partial_unexpected_list") or []
-        if sample:
-            details += f"; e.g. {[_short(v) for v in sample[:3]]}"
-    return GateResult(name, bool(result.success), observed=_short(observed), details=details)
-
-
-def _short(value: Any) -> str:
-    if isinstance(value, float):
-        return "NaN" if math.isnan(value) else f"{value:.4g}"
-    if isinstance(value, dict) and "values" in value:
-        return ", ".join(
-            f"p{round(q * 100)}={_short(v)}"
-            for q, v in zip(value.get("quantiles", []), value["values"], strict=False)
-        )
-    text = str(value)
-    return text if len(text) <= 120 else text[:117] + "..."

@@ -24,10 +24,11 @@ from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
 
-from storage.commits import CommitEngine, first_line, now, orphan_step_files
+from storage.commits import CommitEngine, first_line, now
 from storage.errors import CommitError
 from storage.records import read_parquet_file
 from storage.schemas import EPISODES, STEPS
+from storage.shard_log import orphan_step_files
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
-from storage.commits import CommitEngine, first_line, orphan_step_files
+from storage.commits import CommitEngine, first_line
 from storage.errors import CorruptFileError, QueryError
 from storage.queries import (
     DERIVED_VIEWS,
@@ -36,6 +36,7 @@ from storage.queries import (
     restrict,
 )
 from storage.schemas import EPISODES, TABLES, TableSpec
+from storage.shard_log import orphan_step_files
 
 if TYPE_CHECKING:
     import duckdb

@@ -124,7 +124,7 @@ def checkout_command(args: argparse.Namespace) -> int:
 
 
 def _declared_id(path: Path) -> str:
-    from tasks_lib.format.loader import MAX_TASK_TOML_BYTES
+    from tasks_lib.format.layout import MAX_TASK_TOML_BYTES
 
     try:
         if (path / "task.toml").stat().st_size > MAX_TASK_TOML_BYTES:

@@ -18,7 +18,8 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 
-from storage.commits import CommitEngine, first_line, now, transaction_id
+from storage.commits import CommitEngine, first_line, now
+from storage.delta_tables import transaction_id
 from storage.errors import CheckpointNotFoundError, CorruptFileError
 from storage.readers import SnapshotReader
 from storage.records import conform

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from storage.commits import CommitEngine, now, transaction_id
+from storage.commits import CommitEngine, now
+from storage.delta_tables import transaction_id
 from storage.readers import SnapshotReader
 from storage.records import conform
 from storage.schemas import GATES

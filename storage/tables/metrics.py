@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from storage.commits import CommitEngine, now, transaction_id
+from storage.commits import CommitEngine, now
+from storage.delta_tables import transaction_id
 from storage.records import conform
 from storage.schemas import METRICS
 

@@ -10,7 +10,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from storage.commits import CommitEngine, now, transaction_id
+from storage.commits import CommitEngine, now
+from storage.delta_tables import transaction_id
 from storage.errors import RecordError
 from storage.readers import SnapshotReader
 from storage.records import conform

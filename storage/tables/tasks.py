@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from storage.commits import CommitEngine, now, transaction_id
+from storage.commits import CommitEngine, now
+from storage.delta_tables import transaction_id
 from storage.records import TableInput, conform
 from storage.schemas import TASKS
 

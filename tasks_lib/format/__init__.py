@@ -5,6 +5,10 @@ model.py     the loaded `Task` and the protected-path groups
 harbor.py    Harbor's task model (environment, agent, verifier, network), field for field
 runnable.py  where a task runs faithfully (bwrap, or its own image), and the refusals of the rest
 loader.py    load and validate a task directory (every problem names file, field, value, fix)
+layout.py    the directory's files: instruction.md and task.toml within bounds, the workspace
+fields.py    the `[metadata.rollyard]` fields and the limits from Harbor's sections
+node_ids.py  the pytest node ids a task lists, checked against its test files
+issues.py    the issue collector every reader reports to
 environment.py  where a task runs: bwrap over its workspace, or its own image on docker
 spec.py    the `[rollyard.artifact]` and `[rollyard.rules]` tables of those verifier kinds
 globs.py   path globs for protected paths

@@ -17,7 +17,7 @@ def task_image(task: Task, *, verifier: bool = False) -> str | None:
     container = task.container
     if container is None:
         return None
-    from sandboxes.docker import harbor_task_image, pulled_task_image
+    from sandboxes.docker_images import harbor_task_image, pulled_task_image
 
     if container.pulled_image is not None and not (
         verifier and container.verifier_context_dir is not None

@@ -12,7 +12,9 @@ import dataclasses
 import math
 import typing
 from collections.abc import Mapping
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
+
+from tasks_lib.format.issues import IssueSink
 
 SCHEMA_VERSION = "1.4"
 """The Harbor task schema rollyard writes."""
@@ -37,10 +39,6 @@ ENVIRONMENT_FIELDS = (
     "gpu_types", "tpu", "mcp_servers", "env", "skills_dir", "healthcheck", "workdir",
     "allow_internet", "network_mode", "allowed_hosts", "memory", "storage",
 )  # fmt: skip
-
-
-class IssueSink(Protocol):
-    def add(self, file: str, field: str, value: Any, message: str, fix: str) -> None: ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -148,6 +148,26 @@ def container_reasons(config: HarborConfig, task_dir: Path) -> list[Refusal]:
     return found
 
 
+def absolute_workdir_uses(tests_dir: Path, workdir: str) -> list[Refusal]:
+    """Test files (other than test.sh, whose paths are rewritten) that name the image's WORKDIR
+    by its absolute path: bwrap mounts the workspace at /workspace only, so they need the task's
+    image, where WORKDIR leads to the workspace."""
+    if workdir in ("/", "/workspace") or not tests_dir.is_dir():
+        return []
+    pattern = re.compile(rf"(?<![\w./-]){re.escape(workdir.rstrip('/'))}\b")
+    found = []
+    for path in sorted(tests_dir.rglob("*")):
+        if not path.is_file() or path.name in ("test.sh", "Dockerfile"):
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if pattern.search(text):
+            rel = path.relative_to(tests_dir.parent).as_posix()
+            found.append(Refusal(rel, f"names the image's WORKDIR {workdir} by its absolute path, "
+                                 "where the local backend does not mount the workspace",
+                                 "use paths relative to the working directory, or " + DOCKER_FIX))  # fmt: skip
+    return found
+
+
 def _satisfied(requirement_text: str) -> str | None:
     """None when the local environment satisfies a pip requirement, else why not."""
     try:

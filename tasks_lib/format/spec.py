@@ -39,7 +39,9 @@ import dataclasses
 import math
 import re
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
+
+from tasks_lib.format.issues import IssueSink, relative_inside
 
 ARTIFACT_FORMATS = ("csv", "parquet", "json", "text")
 COMPARE_MODES = ("table", "number", "set", "json", "exact")
@@ -158,15 +160,6 @@ class RulesSpec:
     overlay_dir: Path | None
 
 
-class IssueSink(Protocol):
-    def add(self, file: str, field: str, value: Any, message: str, fix: str) -> None: ...
-
-
-def _inside(value: str) -> bool:
-    parts = Path(value).parts
-    return bool(value) and not Path(value).is_absolute() and ".." not in parts
-
-
 class _Table:
     """Reads typed fields of one TOML table, reporting each problem under its dotted name."""
 
@@ -200,7 +193,7 @@ class _Table:
 
     def path(self, key: str, *, required: bool = False) -> str | None:
         value = self.text(key, required=required)
-        if value is not None and not _inside(value):
+        if value is not None and not relative_inside(value):
             self.bad(
                 key, "must be a relative path that stays inside", "use a relative path without '..'"
             )

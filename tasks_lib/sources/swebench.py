@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from tasks_lib.errors import RowError, TaskError
-from tasks_lib.format.loader import ID_PATTERN, checkable_test_ids
+from tasks_lib.format.loader import ID_PATTERN
 from tasks_lib.format.model import DEFAULT_WORKSPACE_DIR
+from tasks_lib.format.node_ids import checkable_test_ids
 from tasks_lib.sources.authoring.writer import (
     FIX_PATCH,
     REWARD_FROM_EXIT,

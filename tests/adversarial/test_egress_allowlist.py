@@ -54,11 +54,11 @@ def allowlisted(
     """A sandbox allowed `localhost` and pypi.org, on each backend (docker where an engine
     answers)."""
     if request.param == "docker":
-        from sandboxes.docker import _image_id, _shared_client, base_image
+        from sandboxes.docker_images import base_image, image_id, shared_client
         from sandboxes.errors import SandboxUnavailableError
 
         try:
-            _image_id(_shared_client(), base_image())
+            image_id(shared_client(), base_image())
         except SandboxUnavailableError as error:
             pytest.skip(str(error))
     limits = Limits(allowed_hosts=("localhost", "pypi.org"))

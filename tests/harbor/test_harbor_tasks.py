@@ -146,14 +146,14 @@ def test_task_whose_dockerfile_the_local_environment_lacks_gets_its_own_image(
 def test_own_image_without_an_engine_fails_the_check_loudly_never_a_score(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sandboxes.docker import _shared_client
+    from sandboxes.docker_images import shared_client
 
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
-    _shared_client.cache_clear()
+    shared_client.cache_clear()
     try:
         code, summary = _check(FIXTURES / "apt-jq", capsys)
     finally:
-        _shared_client.cache_clear()
+        shared_client.cache_clear()
     assert code != 0 and not summary["ok"] and "solution" not in summary
     assert "no Docker engine answers" in str(summary["problems"])
     assert "infra/docker/start-engine.sh" in str(summary["problems"])
@@ -189,11 +189,11 @@ def test_rollyard_train_runs_the_runnable_fixtures_and_names_the_refused(
 
 @pytest.fixture(scope="module")
 def engine() -> None:
-    from sandboxes.docker import _image_id, _shared_client, base_image
+    from sandboxes.docker_images import base_image, image_id, shared_client
     from sandboxes.errors import SandboxUnavailableError
 
     try:
-        _image_id(_shared_client(), base_image())
+        image_id(shared_client(), base_image())
     except SandboxUnavailableError as error:
         pytest.skip(str(error))
 
@@ -345,10 +345,10 @@ def test_docker_image_is_pulled_or_refused_in_one_line(
     """`docker_image` without a Dockerfile: an image the engine holds (here the base image under
     a registry name, as `docker load` leaves it) runs the task; one that cannot be pulled fails
     the check with how to provide it, never a score."""
-    from sandboxes.docker import _shared_client, base_image
+    from sandboxes.docker_images import base_image, shared_client
 
     local = "registry.example.com/rollyard-test/tools:1"
-    _shared_client().images.get(base_image()).tag(local)
+    shared_client().images.get(base_image()).tag(local)
     code, summary = _check(_pulled_image_task(tmp_path / "present", local), capsys)
     assert code == 0 and summary["ok"], summary
     assert summary["solution"]["reward"] == 1.0 and summary["untouched"]["reward"] == 0.0

@@ -1,4 +1,4 @@
-"""Outer bounds and host probes for the adversarial sandbox tests.
+"""Outer bounds, host probes and small helpers for the adversarial sandbox tests.
 
 A resource bomb is driven from a child process that has bounds of its own, so a broken sandbox
 fails the test instead of taking the machine down:
@@ -20,12 +20,13 @@ import secrets
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandboxes import cgroups, host
+from sandboxes import Limits, cgroups, host
 
 OUTER_PARENT = "rollyard-adversarial"
 """Outer groups live beside `rollyard/`, never under it, so the orphan sweep leaves them alone."""
@@ -208,3 +209,16 @@ def host_process(*argv: str) -> Iterator[subprocess.Popen[bytes]]:
         with contextlib.suppress(ProcessLookupError):
             process.kill()
         process.wait()
+
+
+SMALL = Limits(memory_mb=192, pids=64, disk_mb=32, wall_time_s=10, output_bytes=100_000)
+"""The limits of the sandboxes the adversarial tests attack."""
+
+
+def py(code: str) -> list[str]:
+    """argv running `code` with the sandbox's Python (no shell quoting to get wrong)."""
+    return ["python", "-c", textwrap.dedent(code)]
+
+
+def driver_env(sandbox_root: Path) -> dict[str, str]:
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), host.ROOT_ENV: str(sandbox_root)}

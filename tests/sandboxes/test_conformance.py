@@ -1,5 +1,5 @@
 """The conformance suite every sandbox backend passes: subclass `SandboxConformance` once per
-backend and provide `open_backend`. Isolation attacks live in test_adversarial.py."""
+backend and provide `open_backend`. Isolation attacks live in test_adversarial_*.py."""
 
 from __future__ import annotations
 

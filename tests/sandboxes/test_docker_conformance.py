@@ -18,9 +18,9 @@ def engine() -> None:
     from sandboxes.errors import SandboxUnavailableError
 
     try:
-        from sandboxes.docker import _image_id, _shared_client, base_image
+        from sandboxes.docker_images import base_image, image_id, shared_client
 
-        _image_id(_shared_client(), base_image())
+        image_id(shared_client(), base_image())
     except SandboxUnavailableError as error:
         pytest.skip(str(error))
 
@@ -56,7 +56,8 @@ def test_daemons_do_not_outlive_the_command(engine: None, tmp_path: Path) -> Non
 
 
 def test_layers_are_keyed_by_what_built_them(engine: None, tmp_path: Path) -> None:
-    from sandboxes.docker import DockerSandbox, base_image, build_layer, harbor_task_image
+    from sandboxes.docker import DockerSandbox
+    from sandboxes.docker_images import base_image, build_layer, harbor_task_image
 
     family = build_layer(base_image(), "FROM scratch\nRUN echo family > /opt/family.txt\n")
     assert build_layer(base_image(), "FROM scratch\nRUN echo family > /opt/family.txt\n") == family
@@ -79,9 +80,10 @@ def test_layers_are_keyed_by_what_built_them(engine: None, tmp_path: Path) -> No
 
 
 def test_containers_are_removed(engine: None, tmp_path: Path) -> None:
-    from sandboxes.docker import LABEL, DockerSandbox, _shared_client
+    from sandboxes.docker import DockerSandbox
+    from sandboxes.docker_images import LABEL, shared_client
 
-    client = _shared_client()
+    client = shared_client()
     before = {c.id for c in client.containers.list(all=True, filters={"label": LABEL})}
     sandbox = DockerSandbox(make_snapshot(tmp_path / "s"))
     sandbox.reset()

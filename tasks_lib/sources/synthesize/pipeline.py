@@ -28,8 +28,9 @@ from typing import Any, Literal, Protocol
 
 from sandboxes import Limits, SandboxError, open_sandbox
 from tasks_lib.errors import GenerationError
-from tasks_lib.format.loader import checkable_test_ids, load_task
+from tasks_lib.format.loader import load_task
 from tasks_lib.format.model import DEFAULT_WORKSPACE_DIR
+from tasks_lib.format.node_ids import checkable_test_ids
 from tasks_lib.sources.authoring.writer import (
     FIX_PATCH,
     FileContent,
