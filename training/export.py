@@ -280,6 +280,12 @@ def export_trajectories(
             f"{out} exists and is not an empty directory; give a new directory to export into"
         )
     rows = episode_rows(trajectories, config=config, include_masked=include_masked)
+    if not rows:
+        raise TrainingSettingsError(
+            f"all {len(trajectories)} episodes are in groups the trainer masks (every sample "
+            "scored alike, or an infrastructure failure): no row carries an advantage; "
+            "--include-masked exports them with null advantages"
+        )
     if export_format == "trl":
         rows = [trl_row(row) for row in rows]
     elif export_format == "verl":

@@ -226,7 +226,9 @@ def test_export_leaves_out_masked_groups_unless_asked(tmp_path: Path) -> None:
             _trajectory(3, None, EpisodeStatus.INFRA_ERROR),
         ],
     )
-    assert export_store(store, tmp_path / "masked").rows == 0
+    with pytest.raises(TrainingSettingsError, match="all 4 episodes are in groups the trainer"):
+        export_store(store, tmp_path / "masked")
+    assert not (tmp_path / "masked").exists()  # no empty file left behind
     kept = pq.read_table(export_store(store, tmp_path / "all", include_masked=True).path)
     assert kept.num_rows == 4 and kept.column("advantage").null_count == 4
 
