@@ -21,6 +21,7 @@ from training.lm.tiny import (
     SIGNATURES_CHAT_TEMPLATE,
     TOOL_CALL_END,
     TOOL_CALL_START,
+    TinyModelSize,
     Transcript,
     build_tiny_model,
     context_dependent_tokens,
@@ -32,6 +33,16 @@ from training.lm.tiny import (
 @pytest.fixture(scope="module")
 def tokenizer(tiny_model_dir: Path) -> Any:
     return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def untrained_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The tokenizer of a freshly built tiny model (seconds: no fine-tune), for the tests of
+    rendering and token bookkeeping, which need no trained weights."""
+    size = TinyModelSize(hidden_size=32, intermediate_size=64, num_hidden_layers=1)
+    return AutoTokenizer.from_pretrained(
+        build_tiny_model(tmp_path_factory.mktemp("untrained") / "model", size=size)
+    )
 
 
 def test_model_dir_loads_with_plain_from_pretrained(tiny_model_dir: Path) -> None:
@@ -131,8 +142,9 @@ def test_chat_template_renders_each_turn_as_the_previous_rendering_plus_the_new_
 
 
 def test_the_signatures_template_declares_each_tool_in_one_line_and_renders_turns_alike(
-    tokenizer: Any,
+    untrained_tokenizer: Any,
 ) -> None:
+    tokenizer = untrained_tokenizer
     schemas_template = tokenizer.chat_template
     transcript = tool_call_transcripts(1, seed=7)[0]
     messages, tools = list(transcript.messages), list(transcript.tools)
@@ -179,7 +191,10 @@ def _edit_transcript(instruction: str, file_text: str, old: str, new: str) -> Tr
     )
 
 
-def test_context_dependent_tokens_are_those_only_the_prompt_decides(tokenizer: Any) -> None:
+def test_context_dependent_tokens_are_those_only_the_prompt_decides(
+    untrained_tokenizer: Any,
+) -> None:
+    tokenizer = untrained_tokenizer
     transcripts = [
         _edit_transcript(
             "Set `raw` to True.", "raw = False\ncopy = True\n", "raw = False\n", "raw = True\n"
