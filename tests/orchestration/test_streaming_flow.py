@@ -10,7 +10,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from flows.train import TrainSettings, run_training
+from flows.train import run_training
+from flows.train_settings import TrainSettings
 from storage import TrajectoryStore
 from training.iteration import completed_iterations
 from training.streaming import STREAM_SHARD
