@@ -224,7 +224,9 @@ def _consume(
     """Gate one iteration's committed batch, train on it unless quarantined, checkpoint."""
     expected = sum(len(r.episodes) for r in submitted.requests)
     gate_settings = GateSettings.from_env(on_failure=settings.gate_on_failure)
+    gate_started = time.monotonic()
     report = gate_iteration(store, settings.run_id, iteration, gate_settings, expected)
+    gate_s = time.monotonic() - gate_started
     if report.quarantined:
         logger.warning("iteration %d quarantined by its quality gate: %s", iteration, report.reason)
         create_table_artifact(
@@ -257,6 +259,7 @@ def _consume(
         quarantined=report.quarantined,
         gate_reason=report.reason,
         wall_s=time.monotonic() - submitted.started,
+        extra_metrics={"gate_s": gate_s},
         update=functools.partial(run_update, stand_in_s=settings.update_stand_in_s),
         policy_lag=policy_lag,
         stale_dropped=stale_dropped,
