@@ -88,8 +88,10 @@ class _Outstanding:
         future.wrapped_future.add_done_callback(lambda _: self.wake.set())
 
     def take_done(self) -> list[Any]:
-        done = [f for f in self.futures if f.wrapped_future.done()]
-        self.futures = [f for f in self.futures if not f.wrapped_future.done()]
+        # Asked once per future: a group finishing between two looks would be in neither list.
+        finished = {id(f): f.wrapped_future.done() for f in self.futures}
+        done = [f for f in self.futures if finished[id(f)]]
+        self.futures = [f for f in self.futures if not finished[id(f)]]
         return done
 
 
