@@ -35,7 +35,7 @@ RUN_ID = "async-bench"
 
 
 def _settings(tasks: Path, store: Path, mode: str, iterations: int, stand_in_s: float) -> Any:
-    from flows.train import TrainSettings
+    from flows.train_settings import TrainSettings
 
     return TrainSettings(
         tasks_dir=str(tasks),
@@ -87,6 +87,31 @@ def step_end_times(store: Path) -> list[float]:
     return [float(r["ended"]) for r in rows]
 
 
+BREAKDOWN_METRICS = ("stream_wait_s", "commit_s", "gate_s", "trainer_wait_s", "update_s")
+"""Per-step seconds the flow records where the trainer's time goes (the streaming mode records
+all of them; the others the gate and the update)."""
+
+
+def step_breakdown(store: Path) -> list[dict[str, float]]:
+    """Per step, in step order, the seconds of `BREAKDOWN_METRICS` the store recorded: the wait
+    for a full batch, its commit, its gate, the trainer's wait between updates, the update."""
+    from storage import TrajectoryStore
+
+    rows = (
+        TrajectoryStore(str(store))
+        .query(
+            "SELECT iteration, name, value FROM metrics WHERE run_id = ? AND source = "
+            "'train_flow' AND list_contains(?, name) ORDER BY iteration",
+            [RUN_ID, list(BREAKDOWN_METRICS)],
+        )
+        .to_pylist()
+    )
+    steps: dict[int, dict[str, float]] = {}
+    for row in rows:
+        steps.setdefault(int(row["iteration"]), {})[row["name"]] = round(float(row["value"]), 1)
+    return [steps[i] for i in sorted(steps)]
+
+
 def steady_state(
     trained_per_step: list[int], ends_s: list[float], stand_in_s: float
 ) -> dict[str, float | None]:
@@ -135,6 +160,7 @@ def run_mode(
         "trained_per_step": trained_per_step,
         "measured_update_s": round(totals.get("update_s", 0.0), 1) or None,
         **steady_state(trained_per_step, step_end_times(store), stand_in_s),
+        "step_breakdown_s": step_breakdown(store),
     }
 
 

@@ -38,7 +38,7 @@ def fault_plan(rate: float, marker_dir: Path, seed: int):  # type: ignore[no-unt
 
 
 def settings_for(args: argparse.Namespace, workdir: Path, resume: bool):  # type: ignore[no-untyped-def]
-    from flows.train import TrainSettings
+    from flows.train_settings import TrainSettings
 
     return TrainSettings(
         tasks_dir=str(workdir / "tasks"),

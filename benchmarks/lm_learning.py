@@ -110,7 +110,8 @@ def held_out_pass_rate(
 def train_seed(
     root: Path, sft: Path, train_tasks: Path, seed: int, args: argparse.Namespace, sampling: Any
 ) -> tuple[list[Any], Path, list[dict[str, Any]]]:
-    from flows.train import TrainSettings, run_training
+    from flows.train import run_training
+    from flows.train_settings import TrainSettings
     from storage import TrajectoryStore
     from training.lm.grpo_config import LMTrainerConfig
 

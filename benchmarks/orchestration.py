@@ -84,7 +84,8 @@ def flow_run(
     schedule: str,
     run_id: str,
 ) -> tuple[float, list[float]]:
-    from flows.train import TrainSettings, run_training
+    from flows.train import run_training
+    from flows.train_settings import TrainSettings
 
     settings = TrainSettings(
         tasks_dir=str(task_dirs_root),

@@ -27,7 +27,8 @@ from flows.evaluate import (
     evaluate_policy,
 )
 from flows.runtime import dask_task_runner
-from flows.train import TrainSettings, train
+from flows.train import train
+from flows.train_settings import TrainSettings
 from training.iteration import IterationSummary
 
 CURATE_DEPLOYMENT = "nightly-curation"

@@ -25,7 +25,8 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from flows.errors import FlowSettingsError
-from flows.train import completed_while_workers_remain, gate_iteration, rollout_shard
+from flows.shard_watch import completed_while_workers_remain
+from flows.train_tasks import gate_iteration, rollout_shard
 from rollyard.status import is_trainable
 from storage import CheckpointInfo, StoreError, TrajectoryStore
 from storage.gates import GateSettings

@@ -17,7 +17,7 @@ from rich.text import Text
 
 @dataclass(slots=True)
 class RunState:
-    """What the view shows, updated from the flow's progress events (`flows.train._report`)."""
+    """What the view shows, updated from the flow's progress events (`flows.progress.report_progress`)."""
 
     iterations: int
     episodes_total: int
@@ -69,7 +69,7 @@ class TrainingView:
             self._display.stop()
 
     def hook(self, event: str, values: dict[str, Any]) -> None:
-        """The progress hook of `flows.train.set_progress_hook`."""
+        """The progress hook of `flows.progress.set_progress_hook`."""
         state = self.state
         line: str | None = None
         if event == "prefect_ui":

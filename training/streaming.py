@@ -1,7 +1,7 @@
 """The streaming mode's experience buffer: finished GRPO groups arrive in any order, the trainer
 takes a batch as soon as one is full, and the staleness bound is enforced per group.
 
-Rules (the train flow's streaming mode, `flows.train.train_streaming`, follows them):
+Rules (the train flow's streaming mode, `flows.streaming.train_streaming`, follows them):
 
 - A group is admitted whole (all its samples finished) and waits in arrival order; a partial
   batch stays in the buffer across updates (carried over), it is never padded or flushed.

@@ -176,7 +176,7 @@ def _common_train_options(
 
 
 def _settings(args: argparse.Namespace, tasks_dir: Path) -> Any:
-    from flows.train import TrainSettings
+    from flows.train_settings import TrainSettings
 
     return TrainSettings(
         tasks_dir=str(tasks_dir),
@@ -205,7 +205,8 @@ def _settings(args: argparse.Namespace, tasks_dir: Path) -> Any:
 
 def _run_with_progress(settings: Any, args: argparse.Namespace) -> list[Any]:
     from flows.live import TrainingView
-    from flows.train import run_training, set_progress_hook
+    from flows.progress import set_progress_hook
+    from flows.train import run_training
 
     view = TrainingView(
         iterations=settings.iterations,

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.train import TrainSettings, run_training
+from flows.train import run_training
+from flows.train_settings import TrainSettings
 from storage import TrajectoryStore
 from tasks_lib.sources.families.settings import generate_settings_tasks
 from training.lm.conversation import ChatSampling

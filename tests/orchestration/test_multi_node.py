@@ -27,7 +27,8 @@ from pathlib import Path
 import pytest
 
 from flows.runtime import LocalPrefectServer, drain_prefect_clients
-from flows.train import TrainSettings, run_training
+from flows.train import run_training
+from flows.train_settings import TrainSettings
 from storage import TrajectoryStore
 from training.iteration import completed_iterations
 

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from flows import train as train_flow
-from flows.train import TrainSettings, run_training
+from flows import shard_watch
+from flows.train import run_training
+from flows.train_settings import TrainSettings
 from storage import TrajectoryStore
 
 
@@ -47,7 +48,7 @@ def test_a_shard_on_a_stopped_worker_is_rescheduled_and_committed_once(
 ) -> None:
     from distributed import Client, LocalCluster
 
-    monkeypatch.setattr(train_flow, "SHARD_START_ALLOWANCE_S", 5.0)
+    monkeypatch.setattr(shard_watch, "SHARD_START_ALLOWANCE_S", 5.0)
     store = tmp_path / "store"
     settings = TrainSettings(
         tasks_dir=str(demo_tasks),

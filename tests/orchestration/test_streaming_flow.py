@@ -10,7 +10,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from flows.train import TrainSettings, run_training
+from flows.train import run_training
+from flows.train_settings import TrainSettings
 from storage import TrajectoryStore
 from training.iteration import completed_iterations
 from training.streaming import STREAM_SHARD
@@ -106,3 +107,37 @@ def test_a_committed_step_not_trained_on_is_closed_on_resume(
     assert store.query(
         "SELECT count(*) AS n FROM episodes WHERE run_id = 's' AND iteration = 1"
     ).to_pylist() == [{"n": rows.num_rows}]
+
+
+UPDATE_STAND_IN_S = 10.0
+"""Each update of the overlap test waits this long first: an update taking as long as some
+rollouts, as an accelerator's does, so there is a window to overlap."""
+
+
+def test_the_next_step_is_committed_and_gated_while_the_current_one_updates(
+    demo_tasks: Path, dask_address: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every step must train for both updates to run: the demo policy's early groups can all
+    # fail alike, which the default zero-variance threshold would quarantine.
+    monkeypatch.setenv("ROLLYARD_GATE_MAX_ZERO_VARIANCE_GROUP_SHARE", "1.0")
+    store_path = tmp_path / "store"
+    summaries = run_training(
+        _settings(demo_tasks, store_path, iterations=2, update_stand_in_s=UPDATE_STAND_IN_S),
+        dask_address=dask_address,
+    )
+    assert [s.quarantined for s in summaries] == [False, False]
+    marks = {
+        (row["iteration"], row["name"]): row["value"]
+        for row in TrajectoryStore(str(store_path))
+        .query(
+            "SELECT iteration, name, value FROM metrics WHERE run_id = 's' "
+            "AND name LIKE '%_epoch_s'"
+        )
+        .to_pylist()
+    }
+    # Step 1's batch was committed and gated while step 0's update ran (a loop that gates
+    # after the update cannot start that gate before the update ends)...
+    assert marks[1, "gate_started_epoch_s"] < marks[0, "update_ended_epoch_s"]
+    # ...and step 1 was trained on only once its own gate had passed, after step 0's update.
+    assert marks[1, "update_started_epoch_s"] >= marks[1, "gate_ended_epoch_s"]
+    assert marks[1, "update_started_epoch_s"] >= marks[0, "update_ended_epoch_s"]

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from flows.errors import GateStoppedRun, NoWorkersError
-from flows.train import TrainSettings, run_training
+from flows.train import run_training
+from flows.train_settings import TrainSettings
 from storage import TrajectoryStore
 from training.iteration import completed_iterations
 from training.recovery import FaultPlan

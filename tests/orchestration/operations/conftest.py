@@ -17,7 +17,8 @@ SMALL_RUN_ID = "ops"
 def small_store(
     demo_tasks: Path, dask_address: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
-    from flows.train import TrainSettings, run_training
+    from flows.train import run_training
+    from flows.train_settings import TrainSettings
 
     store = tmp_path_factory.mktemp("ops") / "store"
     run_training(
