@@ -52,7 +52,10 @@ from tasks_lib.format.runnable import (
 from tasks_lib.format.spec import parse_artifact, parse_rules
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-TEST_ID_PATTERN = re.compile(r"^(?P<file>[^:\s][^:]*\.py)(?P<rest>(?:::[^:]+)+)$")
+# A parametrization (`[...]`) may hold any character pytest puts in an id, `:` and `[` included.
+TEST_ID_PATTERN = re.compile(
+    r"^(?P<file>[^:\s][^:]*\.py)(?P<rest>(?:::[^:\[\]]+)+(?:\[.*\])?)$", re.DOTALL
+)
 
 MAX_INSTRUCTION_BYTES = 256 << 10
 """Largest instruction.md: a prompt, not a data file (the agent reads data from the workspace)."""
@@ -147,7 +150,7 @@ def checkable_test_ids(workspace: Path, test_ids: Iterable[str]) -> tuple[str, .
 
 def _node_name(match: re.Match[str]) -> str:
     """`name` or `Class::name` of a matched test id, its parametrization left out."""
-    return re.sub(r"\[.*\]$", "", match.group("rest")[2:])
+    return re.sub(r"\[.*\]$", "", match.group("rest")[2:], flags=re.DOTALL)
 
 
 def _check_test_ids(
