@@ -50,6 +50,7 @@ from tasks_lib.sources.synthesize.project import (
     inspect_project,
 )
 from tasks_lib.verify import PytestRun, check_task, run_pytest
+from tasks_lib.verify.junit import NODEID_PLUGIN, NODEID_PROPERTY
 
 FAMILY = "synth.mutation"
 BASELINE_RUNS = 3
@@ -543,13 +544,14 @@ _TEST_SH = harbor_test_sh(
     "reward 1 only when every expected test passed.",
     "cp -r /tests/protected/. /workspace/\n"
     "cd /workspace\n"
-    "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONDONTWRITEBYTECODE=1 python -m pytest -p no:cacheprovider "
-    "\\\n    -q -o junit_family=xunit1 --junitxml=/logs/verifier/junit.xml {test_paths}\n"
+    "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=/tests "
+    "python -m pytest -p rollyard_nodeids \\\n    -p no:cacheprovider -q -o junit_family=xunit1 "
+    "--junitxml=/logs/verifier/junit.xml {test_paths}\n"
     "python /tests/reward.py /logs/verifier/junit.xml /tests/expected_tests.json \\\n"
     "    > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n",
 )
 
-_REWARD_PY = '''\
+_REWARD_PY = f'''\
 """Reward 1 when every expected test id appears in the JUnit report as passed, else 0."""
 import json
 import sys
@@ -558,13 +560,11 @@ import xml.etree.ElementTree as ElementTree
 report, expected_file = sys.argv[1], sys.argv[2]
 passed = set()
 for case in ElementTree.parse(report).getroot().iter("testcase"):
-    file, name = case.get("file") or "", case.get("name") or ""
-    module = file[:-3].replace("/", ".")
-    classname = case.get("classname", "")
-    inner = classname[len(module) + 1:] if classname.startswith(module + ".") else ""
-    test_id = "::".join([file, *[p for p in inner.split(".") if p], name])
-    if not any(child.tag in ("failure", "error", "skipped") for child in case):
-        passed.add(test_id)
+    # The node id the rollyard_nodeids plugin recorded; ids are only ever compared with pytest's.
+    ids = [p.get("value") for p in case.iterfind("properties/property")
+           if p.get("name") == {NODEID_PROPERTY!r}]
+    if ids and not any(child.tag in ("failure", "error", "skipped") for child in case):
+        passed.add(ids[0])
 expected = json.load(open(expected_file))
 print(1 if expected and all(test_id in passed for test_id in expected) else 0)
 '''
@@ -656,6 +656,7 @@ def write_synthesized_task(
         if (workspace / test_path).exists()
     }
     tests["reward.py"] = _REWARD_PY
+    tests["rollyard_nodeids.py"] = NODEID_PLUGIN
     expected = [*result.fail_to_pass, *result.pass_to_pass]
     tests["expected_tests.json"] = json.dumps(expected, indent=0)
     failing = len(result.fail_to_pass)
