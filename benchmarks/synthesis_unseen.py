@@ -51,6 +51,7 @@ PACKAGES = (
     Package("pathspec", "0.12.1", "unittest classes, many small patterns"),
     Package("six", "1.17.0", "single module, tests at the top level"),
     Package("tabulate", "0.9.0", "tests in test/; pytest functions, many format cases"),
+    Package("wcwidth", "0.2.13", "pytest functions over Unicode width tables"),
     Package("markdown", "3.7", "unittest classes; data-driven syntax cases, nested test dirs"),
 )
 

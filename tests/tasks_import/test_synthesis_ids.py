@@ -146,3 +146,27 @@ def test_an_unstable_mutant_says_which_tests_flipped_and_why(hostile: Path, tmp_
 def test_unstable_reasons(first: dict[str, str], later: dict[str, str], why: str) -> None:
     flips = flipped_tests(first, later)
     assert flips and unstable_reason(flips).startswith(why + ":")
+
+
+def test_report_ids_come_from_the_node_id_property() -> None:
+    from tasks_lib.verify.junit import NODEID_PROPERTY, parse_junit
+
+    def case(name: str, *node_ids: str, failed: bool = False) -> str:
+        props = "".join(f'<property name="{NODEID_PROPERTY}" value="{i}"/>' for i in node_ids)
+        failure = '<failure message="boom"/>' if failed else ""
+        return (f'<testcase classname="tests.test_x" name="{name}" file="tests/base.py">'
+                f"<properties>{props}</properties>{failure}</testcase>")  # fmt: skip
+
+    report = parse_junit(
+        (
+            "<testsuites><testsuite>"
+            + case("test_a", "tests/test_x.py::T::test_a[12:30 %Y [x]]")
+            + case("test_b")  # no property: rebuilt from file, classname and name
+            + case("test_c", "tests/test_x.py::test_c", "tests/test_x.py::test_z", failed=True)
+            + "</testsuite></testsuites>"
+        ).encode()
+    )
+    assert dict(report.outcomes) == {
+        "tests/test_x.py::T::test_a[12:30 %Y [x]]": "passed",
+        "tests/base.py::test_b": "passed",
+    }
