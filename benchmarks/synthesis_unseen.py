@@ -96,7 +96,10 @@ def plain_pytest_ids(
         if run.returncode != 4:  # 4: usage error, e.g. --cov without pytest-cov
             break
         note = "addopts cleared (names a plugin not installed)"
-    ids = {line for line in run.stdout.splitlines() if "::" in line and not line.startswith(" ")}
+    # A collection error is listed as `ERROR <id> - <reason>`; the sandboxed run reports it
+    # under the same id, as an error.
+    lines = [line.removeprefix("ERROR ").split(" - ", 1)[0] for line in run.stdout.splitlines()]
+    ids = {line for line in lines if "::" in line and not line.startswith(" ")}
     if run.returncode not in (0, 5):
         errors = sum(line.startswith("ERROR ") for line in run.stdout.splitlines())
         note = "; ".join(filter(None, [note, f"pytest exit {run.returncode}, {errors} errors"]))

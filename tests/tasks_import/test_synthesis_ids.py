@@ -170,3 +170,19 @@ def test_report_ids_come_from_the_node_id_property() -> None:
         "tests/test_x.py::T::test_a[12:30 %Y [x]]": "passed",
         "tests/base.py::test_b": "passed",
     }
+
+
+def test_a_test_module_inside_the_library_is_its_own_test_path(
+    hostile: Path, tmp_path: Path
+) -> None:
+    """A library package holding a `test_*.py` helper (markdown's `markdown/test_tools.py`) is not
+    a test directory: were it one, it would be protected and a fix inside it dropped."""
+    from tasks_lib.sources.synthesize import inspect_project
+
+    workspace = tmp_path / "workspace"
+    copy_clean(hostile, workspace)
+    (workspace / "src/dateish/test_tools.py").write_text("def helper():\n    return 1\n")
+    layout = inspect_project(workspace)
+    assert layout.test_paths == ("src/dateish/test_tools.py", "tests")
+    assert layout.protected == ("tests/**",)
+    assert "src/dateish/fmt.py" in layout.library_files
