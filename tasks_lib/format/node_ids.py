@@ -12,7 +12,10 @@ from typing import Any
 
 from tasks_lib.format.issues import IssueCollector, relative_inside
 
-TEST_ID_PATTERN = re.compile(r"^(?P<file>[^:\s][^:]*\.py)(?P<rest>(?:::[^:]+)+)$")
+# A parametrization (`[...]`) may hold any character pytest puts in an id, `:` and `[` included.
+TEST_ID_PATTERN = re.compile(
+    r"^(?P<file>[^:\s][^:]*\.py)(?P<rest>(?:::[^:\[\]]+)+(?:\[.*\])?)$", re.DOTALL
+)
 
 
 def defined_names(test_file: Path) -> set[str] | None:
@@ -54,7 +57,7 @@ def checkable_test_ids(workspace: Path, test_ids: Iterable[str]) -> tuple[str, .
 
 def _node_name(match: re.Match[str]) -> str:
     """`name` or `Class::name` of a matched test id, its parametrization left out."""
-    return re.sub(r"\[.*\]$", "", match.group("rest")[2:])
+    return re.sub(r"\[.*\]$", "", match.group("rest")[2:], flags=re.DOTALL)
 
 
 def check_test_ids(

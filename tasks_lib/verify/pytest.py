@@ -25,7 +25,7 @@ from tasks_lib.verify.context import (
     limit_of,
     output_tail,
 )
-from tasks_lib.verify.junit import JUnitReport, Outcome, parse_junit
+from tasks_lib.verify.junit import NODEID_PLUGIN, JUnitReport, Outcome, parse_junit
 
 # pytest exit codes (pytest.ExitCode): 0 all passed, 1 some failed, 2 interrupted (e.g. collection
 # errors), 3 internal error, 4 usage error, 5 no tests collected.
@@ -41,7 +41,11 @@ VERIFY_ENV = {
 # sys.argv; `-P` keeps the current directory off sys.path until pytest itself is imported, so a
 # workspace file cannot stand in for pytest.
 RUNNER_PROGRAM = (
-    "import sys, pytest\nsys.path.insert(0, {workspace!r})\nsys.exit(int(pytest.main({args!r})))\n"
+    "import sys, types, pytest\n"
+    "nodeids = types.ModuleType('rollyard_nodeids')\n"
+    "exec({plugin!r}, nodeids.__dict__)\n"
+    "sys.path.insert(0, {workspace!r})\n"
+    "sys.exit(int(pytest.main({args!r}, plugins=[nodeids])))\n"
 )
 PYTEST_INI = "[pytest]\njunit_family = xunit1\njunit_logging = no\n"
 
@@ -101,7 +105,7 @@ def run_pytest(
         "--junitxml", f"{WORKSPACE_MOUNT}/{report_dir}/junit.xml",
         "-q", "--no-header", "-rN",
     ]  # fmt: skip
-    program = RUNNER_PROGRAM.format(workspace=WORKSPACE_MOUNT, args=args)
+    program = RUNNER_PROGRAM.format(plugin=NODEID_PLUGIN, workspace=WORKSPACE_MOUNT, args=args)
     executed = sandbox.execute(
         ["python", "-B", "-s", "-P", "-c", program], timeout_s=timeout_s, env=VERIFY_ENV
     )

@@ -1,9 +1,12 @@
 """Synthesis: inject bugs into a real Python project, keep the ones its own tests catch reliably,
 and write each as a Harbor task.
 
-A mutant is kept only when the original suite passes (twice, same outcomes), the mutant fails at
-least one of those tests and leaves others passing, and a second run of the mutant fails the same
-tests with the same messages. Mutants that break the same tests the same way are one task.
+A mutant is kept only when the original suite passes (three runs, same outcomes), the mutant
+fails at least one of those tests and leaves others passing, and a second run of the mutant fails
+the same tests with the same messages. Tests are named by pytest's own node ids; a parametrized
+test whose ids change from run to run (parametrized over a set) is left out of every task, and a
+mutant dropped as unstable carries the tests that flipped and why. Mutants that break the same
+tests the same way are one task.
 Mutants are evaluated in batches; with an `executor` (a `concurrent.futures.Executor` or a Dask
 `distributed.Client`, anything with `submit(fn, *args)`) the batches run in parallel, and the
 result is the same as a sequential run: mutants are decided in a fixed order.
@@ -48,10 +51,14 @@ from tasks_lib.sources.synthesize.project import (
     inspect_project,
 )
 from tasks_lib.verify import PytestRun, check_task, run_pytest
+from tasks_lib.verify.junit import NODEID_PLUGIN, NODEID_PROPERTY
 
 FAMILY = "synth.mutation"
-BASELINE_RUNS = 2
+BASELINE_RUNS = 3
+"""Runs of the original suite: three, so that a parametrization over a small set (whose ids
+follow its per-process order) almost surely shows different ids in two of them."""
 MAX_LISTED_FAILURES = 10
+MAX_LISTED_FLIPS = 5
 
 Verdict = Literal[
     "kept",
@@ -81,6 +88,11 @@ class MutantResult:
     messages: tuple[tuple[str, str], ...] = ()
     """(test id, failure message) of the failing tests."""
     duration_s: float = 0.0
+    flips: tuple[tuple[str, str, str], ...] = ()
+    """For an unstable mutant: (test id, what the first run said, what a later run said) of the
+    tests that differ between two runs of the same mutant."""
+    why: str = ""
+    """For an unstable mutant: why its runs differ, from what flipped (see `unstable_reason`)."""
 
     @property
     def signature(self) -> tuple[tuple[str, str], ...]:
@@ -102,12 +114,20 @@ class SynthesisReport:
     task_dirs: tuple[str, ...]
     check_failures: tuple[str, ...] = ()
     """Tasks dropped because the oracle check failed (id: first problem)."""
+    unstable: tuple[Mapping[str, Any], ...] = ()
+    """Every mutant dropped as unstable: the mutation, why, and the tests that flipped."""
+    flaky_baseline: tuple[str, ...] = ()
+    """Tests of the original suite that pass in some baseline runs and not others (left out)."""
+    varying_ids: tuple[str, ...] = ()
+    """Tests (ids without their parametrization) whose parametrized ids differ between runs of
+    the original suite, e.g. parametrized over a set: no run can name them, so no task uses them."""
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["verdicts"] = dict(self.verdicts)
         data["kept_by_operator"] = dict(self.kept_by_operator)
         data["duration_s"] = round(self.duration_s, 2)
+        data["unstable"] = [dict(entry) for entry in self.unstable]
         return data
 
 
@@ -123,6 +143,43 @@ def _failing(run: PytestRun, baseline: Sequence[str]) -> dict[str, str]:
         if outcome != "passed":
             failing[test_id] = f"{outcome}: {messages.get(test_id, '')}"
     return failing
+
+
+def flipped_tests(
+    first: Mapping[str, str], later: Mapping[str, str]
+) -> tuple[tuple[str, str, str], ...]:
+    """Tests whose state (`passed`, or `outcome: message`) differs between two runs' failures."""
+    return tuple(
+        (test_id, first.get(test_id, "passed"), later.get(test_id, "passed"))
+        for test_id in sorted(first.keys() | later.keys())
+        if first.get(test_id, "passed") != later.get(test_id, "passed")
+    )
+
+
+_TIMING_WORDS = re.compile(r"timeout|timed out|deadline|took \d|too slow|elapsed", re.IGNORECASE)
+
+
+def unstable_reason(flips: Sequence[tuple[str, str, str]]) -> str:
+    """Why two runs of one mutant differ, read from what flipped: a test missing from one run
+    (its id changes from run to run), a time limit in a message, a test passing in one run and
+    failing in the other, or the same failure told differently."""
+    states = [state for _, *pair in flips for state in pair]
+    if any(state.startswith("missing") for state in states):
+        return (
+            "ids_vary: a test present in one run is missing from the other "
+            "(its id changes between runs, or the mutant makes collection nondeterministic)"
+        )
+    if any(_TIMING_WORDS.search(state) for state in states):
+        return "timing: a failure names a time limit or duration (the mutant is slow or hangs)"
+    if any("passed" in (first, later) for _, first, later in flips):
+        return (
+            "outcome_flips: a test passes in one run and fails in the other "
+            "(nondeterministic under the mutant: randomness, hash or set order, time of day)"
+        )
+    return (
+        "message_differs: the same tests fail with different messages "
+        "(the message holds a value that changes between runs)"
+    )
 
 
 def evaluate_mutants(
@@ -168,6 +225,18 @@ def evaluate_mutants(
                     verdict = "unstable"
                     break
             duration_s = time.monotonic() - started
+            if verdict == "unstable":
+                flips = flipped_tests(runs[0], runs[-1])
+                results.append(
+                    MutantResult(
+                        mutation,
+                        verdict,
+                        duration_s=duration_s,
+                        flips=flips[:MAX_LISTED_FLIPS],
+                        why=unstable_reason(flips),
+                    )
+                )
+                continue
             if verdict is not None:
                 results.append(MutantResult(mutation, verdict, duration_s=duration_s))
                 continue
@@ -236,9 +305,53 @@ def candidate_mutations(
 # -- the pipeline -----------------------------------------------------------------------------------
 
 
-def _baseline(
-    workspace: Path, layout: ProjectLayout, backend: str, limits: Limits
-) -> tuple[tuple[str, ...], float]:
+@dataclasses.dataclass(frozen=True, slots=True)
+class Baseline:
+    """What repeated runs of the original suite agree on."""
+
+    passing: tuple[str, ...]
+    """Tests that pass in every run, their ids the same in every run."""
+    duration_s: float
+    """The slowest run."""
+    flaky: tuple[str, ...]
+    """Tests that pass in some runs and not in others."""
+    varying_ids: tuple[str, ...]
+    """Tests whose parametrized ids are not the same set in every run."""
+
+
+def _unparametrized(test_id: str) -> str:
+    return re.sub(r"\[.*\]$", "", test_id, flags=re.DOTALL)
+
+
+def stable_passing(runs: Sequence[Mapping[str, str]]) -> tuple[list[str], list[str], list[str]]:
+    """(passing, flaky, varying) over several runs' outcomes. A test whose parametrized ids
+    differ between runs has every id left out: one that happened to match twice may not a
+    third time."""
+    ids_by_test: list[dict[str, set[str]]] = []
+    for outcomes in runs:
+        grouped: dict[str, set[str]] = {}
+        for test_id in outcomes:
+            grouped.setdefault(_unparametrized(test_id), set()).add(test_id)
+        ids_by_test.append(grouped)
+    tests = sorted(set().union(*ids_by_test))
+    varying = [
+        test for test in tests if any(g.get(test) != ids_by_test[0].get(test) for g in ids_by_test)
+    ]
+    varying_set = set(varying)
+    passing: list[str] = []
+    flaky: list[str] = []
+    for test_id in sorted(runs[0]):
+        if _unparametrized(test_id) in varying_set:
+            continue
+        passed = [outcomes.get(test_id) == "passed" for outcomes in runs]
+        if all(passed):
+            passing.append(test_id)
+        elif any(passed):
+            flaky.append(test_id)
+    return passing, flaky, varying
+
+
+def _baseline(workspace: Path, layout: ProjectLayout, backend: str, limits: Limits) -> Baseline:
     runs: list[PytestRun] = []
     with open_sandbox(workspace, backend=backend, limits=limits) as sandbox:
         for _ in range(BASELINE_RUNS):
@@ -249,18 +362,19 @@ def _baseline(
                     f"the test suite of {layout.name} does not run in the sandbox: {run.broken}"
                 )
             runs.append(run)
-    passing = [
-        test_id
-        for test_id, outcome in runs[0].outcomes.items()
-        if outcome == "passed" and all(run.outcomes.get(test_id) == "passed" for run in runs[1:])
-    ]
+    passing, flaky, varying = stable_passing([run.outcomes for run in runs])
     if not passing:
         raise GenerationError(
             f"no test of {layout.name} passes on the original code "
             f"({len(runs[0].outcomes)} collected from {', '.join(layout.test_paths)}); "
             "synthesis needs a passing suite (are its test dependencies installed?)"
         )
-    return tuple(sorted(passing)), max(run.executed.duration_s for run in runs)
+    return Baseline(
+        tuple(passing),
+        max(run.executed.duration_s for run in runs),
+        tuple(flaky),
+        tuple(varying),
+    )
 
 
 def _slug(name: str) -> str:
@@ -307,9 +421,10 @@ def synthesize_tasks(
         layout = inspect_project(workspace, name or project.name)
         if layout.src_layout:
             add_src_shim(workspace)
-        baseline, baseline_s = _baseline(workspace, layout, backend, limits)
+        original = _baseline(workspace, layout, backend, limits)
+        baseline = original.passing
         checkable = checkable_test_ids(workspace, baseline)
-        timeout_s = max(20.0, 3 * baseline_s + 10)
+        timeout_s = max(20.0, 3 * original.duration_s + 10)
         mutations = candidate_mutations(workspace, layout, seed)
 
         def submit(batch: tuple[SourceMutation, ...]) -> Any:
@@ -329,6 +444,7 @@ def synthesize_tasks(
         kept: list[MutantResult] = []
         signatures: set[tuple[tuple[str, str], ...]] = set()
         verdicts: Counter[str] = Counter()
+        unstable: list[dict[str, Any]] = []
         tried = 0
         duplicates = 0
         wave = 1 if executor is None else 4
@@ -351,6 +467,8 @@ def synthesize_tasks(
                 for result in future.result():
                     if progress is not None:
                         progress(result)
+                    if result.verdict == "unstable":
+                        unstable.append(_unstable_entry(result))
                     if result.verdict != "kept":
                         verdicts[result.verdict] += 1
                         continue
@@ -391,7 +509,21 @@ def synthesize_tasks(
         duration_s=time.monotonic() - started,
         task_dirs=tuple(task_dirs),
         check_failures=tuple(check_failures),
+        unstable=tuple(unstable),
+        flaky_baseline=original.flaky,
+        varying_ids=original.varying_ids,
     )
+
+
+def _unstable_entry(result: MutantResult) -> dict[str, Any]:
+    return {
+        "mutation": result.mutation.describe(),
+        "why": result.why,
+        "flips": [
+            {"test": test_id, "first_run": first, "later_run": later}
+            for test_id, first, later in result.flips
+        ],
+    }
 
 
 def _oracle_problem(path: Path, backend: str) -> str:
@@ -413,13 +545,14 @@ _TEST_SH = harbor_test_sh(
     "reward 1 only when every expected test passed.",
     "cp -r /tests/protected/. /workspace/\n"
     "cd /workspace\n"
-    "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONDONTWRITEBYTECODE=1 python -m pytest -p no:cacheprovider "
-    "\\\n    -q -o junit_family=xunit1 --junitxml=/logs/verifier/junit.xml {test_paths}\n"
+    "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=/tests "
+    "python -m pytest -p rollyard_nodeids \\\n    -p no:cacheprovider -q -o junit_family=xunit1 "
+    "--junitxml=/logs/verifier/junit.xml {test_paths}\n"
     "python /tests/reward.py /logs/verifier/junit.xml /tests/expected_tests.json \\\n"
     "    > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n",
 )
 
-_REWARD_PY = '''\
+_REWARD_PY = f'''\
 """Reward 1 when every expected test id appears in the JUnit report as passed, else 0."""
 import json
 import sys
@@ -428,13 +561,11 @@ import xml.etree.ElementTree as ElementTree
 report, expected_file = sys.argv[1], sys.argv[2]
 passed = set()
 for case in ElementTree.parse(report).getroot().iter("testcase"):
-    file, name = case.get("file") or "", case.get("name") or ""
-    module = file[:-3].replace("/", ".")
-    classname = case.get("classname", "")
-    inner = classname[len(module) + 1:] if classname.startswith(module + ".") else ""
-    test_id = "::".join([file, *[p for p in inner.split(".") if p], name])
-    if not any(child.tag in ("failure", "error", "skipped") for child in case):
-        passed.add(test_id)
+    # The node id the rollyard_nodeids plugin recorded; ids are only ever compared with pytest's.
+    ids = [p.get("value") for p in case.iterfind("properties/property")
+           if p.get("name") == {NODEID_PROPERTY!r}]
+    if ids and not any(child.tag in ("failure", "error", "skipped") for child in case):
+        passed.add(ids[0])
 expected = json.load(open(expected_file))
 print(1 if expected and all(test_id in passed for test_id in expected) else 0)
 '''
@@ -526,6 +657,7 @@ def write_synthesized_task(
         if (workspace / test_path).exists()
     }
     tests["reward.py"] = _REWARD_PY
+    tests["rollyard_nodeids.py"] = NODEID_PLUGIN
     expected = [*result.fail_to_pass, *result.pass_to_pass]
     tests["expected_tests.json"] = json.dumps(expected, indent=0)
     failing = len(result.fail_to_pass)

@@ -116,16 +116,11 @@ def _top_level_test_paths(workspace: Path, test_files: list[str]) -> tuple[str, 
     paths: list[str] = []
     for relative in test_files:
         parts = relative.split("/")
-        # The outermost test-named directory holding the file, else the file's own directory
-        # (or the file, at the top level).
+        # The outermost test-named directory holding the file, else the file itself: its
+        # directory may be the library (markdown's `markdown/test_tools.py`), and a test path
+        # directory is protected, so a fix there would be dropped.
         cut = next((i for i, part in enumerate(parts[:-1]) if part in TEST_DIR_NAMES), None)
-        if cut is not None:
-            path = "/".join(parts[: cut + 1])
-        elif len(parts) == 1:
-            path = relative
-        else:
-            path = "/".join(parts[:-1])
-        paths.append(path)
+        paths.append("/".join(parts[: cut + 1]) if cut is not None else relative)
     minimal: list[str] = []
     for path in sorted(set(paths), key=lambda p: (p.count("/"), p)):
         if not any(path == kept or path.startswith(kept + "/") for kept in minimal):
