@@ -16,7 +16,8 @@ from sandboxes import Limits, open_sandbox
 from tasks_lib import load_task
 from tasks_lib.format.node_ids import TEST_ID_PATTERN, checkable_test_ids
 from tasks_lib.sources.synthesize import SourceMutation, evaluate_mutants, synthesize_tasks
-from tasks_lib.sources.synthesize.pipeline import flipped_tests, stable_passing, unstable_reason
+from tasks_lib.sources.synthesize.mutants import flipped_tests, unstable_reason
+from tasks_lib.sources.synthesize.pipeline import stable_passing
 from tasks_lib.sources.synthesize.project import add_src_shim, copy_clean
 from tasks_lib.verify import run_pytest
 
