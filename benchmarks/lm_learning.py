@@ -181,18 +181,18 @@ def main() -> None:
     parser.add_argument("--tasks-per-iteration", type=int, default=6)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--train-tasks", type=int, default=12)
-    parser.add_argument("--warm-tasks", type=int, default=80)
+    parser.add_argument("--warm-tasks", type=int, default=300)
     parser.add_argument("--held-out-tasks", type=int, default=16)
     parser.add_argument("--held-out-samples", type=int, default=2)
     parser.add_argument("--hidden-size", type=int, default=128)
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--sft-steps", type=int, default=320)
-    parser.add_argument("--sft-batch-size", type=int, default=8)
+    parser.add_argument("--sft-steps", type=int, default=400)
+    parser.add_argument("--sft-batch-size", type=int, default=16)
     parser.add_argument("--sft-learning-rate", type=float, default=3e-3)
     parser.add_argument(
         "--sft-context-first-steps",
         type=int,
-        default=100,
+        default=200,
         help="of --sft-steps, those that train only the reply tokens read from the prompt",
     )
     parser.add_argument(
