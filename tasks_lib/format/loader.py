@@ -37,9 +37,12 @@ from tasks_lib.format.model import (
     DEFAULT_TEST_COMMAND,
     DEFAULT_WORKSPACE_DIR,
     DIFFICULTIES,
+    TEST_RUNNERS,
     ContainerImage,
     Task,
+    TestRunner,
 )
+from tasks_lib.format.repository import ENVIRONMENT_TABLE, parse_environment
 from tasks_lib.format.runnable import (
     DOCKER_FIX,
     LocalImage,
@@ -53,6 +56,8 @@ from tasks_lib.format.spec import parse_artifact, parse_rules
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 TEST_ID_PATTERN = re.compile(r"^(?P<file>[^:\s][^:]*\.py)(?P<rest>(?:::[^:]+)+)$")
+UNITTEST_ID_PATTERN = re.compile(r"^(?P<name>[A-Za-z_]\w*) \((?P<owner>[A-Za-z_][\w.]*)\)$")
+"""A unittest-runner test id as Django and SWE-bench write it: `test_name (module.Class)`."""
 
 MAX_INSTRUCTION_BYTES = 256 << 10
 """Largest instruction.md: a prompt, not a data file (the agent reads data from the workspace)."""
@@ -76,6 +81,8 @@ ROLLYARD_FIELDS = {
     "family": "task family name",
     "source": "where the task comes from",
     "difficulty": "easy | medium | hard",
+    "test_runner": "pytest | unittest (ids 'test_name (module.Class)', test_command runs them)",
+    ENVIRONMENT_TABLE: "table of a repository task's image (repo, base_commit, python, install)",
     "limits": "table of sandbox limits and timeouts",
     "verifier": "tests | artifact | rules",
     "artifact": "table of the artifact verifier (outputs, variants, command)",
@@ -132,6 +139,10 @@ def checkable_test_ids(workspace: Path, test_ids: Iterable[str]) -> tuple[str, .
     names: dict[str, set[str] | None] = {}
     kept = []
     for test_id in test_ids:
+        if UNITTEST_ID_PATTERN.match(test_id):
+            # Where `module` lives depends on the runner's sys.path: the run checks these.
+            kept.append(test_id)
+            continue
         match = TEST_ID_PATTERN.match(test_id)
         if match is None:
             continue
@@ -151,7 +162,12 @@ def _node_name(match: re.Match[str]) -> str:
 
 
 def _check_test_ids(
-    check: _Checker, field: str, ids: Any, root: Path | None, root_label: str
+    check: _Checker,
+    field: str,
+    ids: Any,
+    root: Path | None,
+    root_label: str,
+    runner: TestRunner = "pytest",
 ) -> tuple[str, ...]:
     if not isinstance(ids, list) or not all(isinstance(item, str) for item in ids):
         check.add(
@@ -165,6 +181,11 @@ def _check_test_ids(
     parsed_files: dict[str, set[str] | None] = {}
     for index, test_id in enumerate(ids):
         where = f"rollyard.{field}[{index}]"
+        if runner == "unittest":
+            if not UNITTEST_ID_PATTERN.match(test_id):
+                check.add("task.toml", where, test_id, "is not a unittest test id",
+                          "use the form 'test_name (module.Class)'")  # fmt: skip
+            continue
         match = TEST_ID_PATTERN.match(test_id)
         if match is None or not _relative_inside(match.group("file")):
             check.add(
@@ -563,11 +584,23 @@ def _load(root: Path) -> Task:
     container = None
     if has_table:
         workspace = _workspace(check, root, rollyard)
+        if ENVIRONMENT_TABLE in rollyard:
+            container = _repository_image(check, root, rollyard[ENVIRONMENT_TABLE])
     else:
         workspace, workdir, container = _image_workspace(check, root, harbor)
     workdir = harbor.environment.workdir or workdir
     test_command = _string(check, rollyard, "test_command", DEFAULT_TEST_COMMAND)
-    test_paths = _test_paths(check, test_command)
+    runner = _string(check, rollyard, "test_runner", "pytest")
+    test_runner: TestRunner = "pytest"
+    if runner == "unittest":
+        test_runner = "unittest"
+    elif runner != "pytest":
+        check.add("task.toml", "rollyard.test_runner", runner, "is not a known test runner",
+                  f"use one of {', '.join(TEST_RUNNERS)}")  # fmt: skip
+    if test_runner == "pytest":
+        test_paths = _test_paths(check, test_command)
+    else:
+        test_paths = _runner_command(check, test_command)
 
     hidden_dir: Path | None = None
     hidden_relative = _string(check, rollyard, "hidden_dir", DEFAULT_HIDDEN_DIR)
@@ -588,6 +621,7 @@ def _load(root: Path) -> Task:
         rollyard.get("fail_to_pass", []),
         workspace if workspace_ok else None,
         "the workspace",
+        test_runner,
     )
     pass_to_pass = _check_test_ids(
         check,
@@ -595,6 +629,7 @@ def _load(root: Path) -> Task:
         rollyard.get("pass_to_pass", []),
         workspace if workspace_ok else None,
         "the workspace",
+        test_runner,
     )
     hidden_tests = _check_test_ids(
         check,
@@ -718,6 +753,7 @@ def _load(root: Path) -> Task:
         harbor=harbor,
         workdir=workdir,
         container=container,
+        test_runner=test_runner,
     )
 
 
@@ -750,6 +786,44 @@ def _absolute_workdir_uses(tests_dir: Path, workdir: str) -> list[Refusal]:
                                  "where the local backend does not mount the workspace",
                                  "use paths relative to the working directory, or " + DOCKER_FIX))  # fmt: skip
     return found
+
+
+def _repository_image(check: _Checker, root: Path, table: Any) -> ContainerImage | None:
+    """The image of a repository task (`[metadata.rollyard.environment]`), built in layers."""
+    parsed = parse_environment(table, root / "environment")
+    if isinstance(parsed, list):
+        for problem in parsed:
+            field, _, message = problem.partition(": ")
+            check.add("task.toml", f"rollyard.{ENVIRONMENT_TABLE}.{field}", "-", message,
+                      "see docs/swebench.md for the table's fields")  # fmt: skip
+        return None
+    return ContainerImage(
+        context_dir=root / "environment",
+        verifier_context_dir=None,
+        reason=f"rollyard.{ENVIRONMENT_TABLE}: runs in the environment image of {parsed.repo}",
+        repository=parsed,
+    )
+
+
+def _runner_command(check: _Checker, command: str) -> tuple[str, ...]:
+    """A unittest runner's command line (`python -m unittest`, `tests/runtests.py --parallel 1`):
+    the verifier runs it in-process with the expected tests as labels."""
+    try:
+        argv = shlex.split(command)
+    except ValueError as error:
+        argv = []
+        check.add("task.toml", "rollyard.test_command", command, f"cannot be split ({error})",
+                  "fix the quoting")  # fmt: skip
+    if argv[:1] in (["python"], ["python3"]):
+        argv = argv[1:]
+    if argv[:2] != ["-m", "unittest"] and not (argv and argv[0].endswith(".py")):
+        check.add("task.toml", "rollyard.test_command", command,
+                  "must run 'python -m unittest' or a runner script ('tests/runtests.py ...')",
+                  "write e.g. test_command = 'python -m unittest'")  # fmt: skip
+    elif argv[0].endswith(".py") and not _relative_inside(argv[0].removeprefix("./")):
+        check.add("task.toml", "rollyard.test_command", command,
+                  "names a runner script outside the workspace", "use a workspace-relative path")  # fmt: skip
+    return ()
 
 
 def _image_workspace(
