@@ -168,6 +168,8 @@ class InstallSpec:
     under rollyard's hardened pytest."""
 
 
+MIN_VERIFIER_PYTHON = (3, 11)
+"""rollyard's verifier runs the suite with `python -P` (3.11+)."""
 SPEC_KEYS = ("python", "packages", "pip_packages", "pre_install", "install", "test_cmd")
 
 
@@ -191,6 +193,8 @@ def _spec(value: Any, where: str) -> InstallSpec:
         if not isinstance(found, str):
             raise TaskError(f"{where}.{key} must be a string")
         texts[key] = found
+    if texts["python"] and not re.match(r"^3\.\d{1,2}$", texts["python"]):
+        raise TaskError(f"{where}.python must be a version like '3.11', not {texts['python']!r}")
     return InstallSpec(
         python=texts["python"] or LOCAL_PYTHON, packages=texts["packages"],
         pip_packages=commands("pip_packages"), pre_install=commands("pre_install"),
@@ -329,6 +333,12 @@ def import_row(
         raise RowError("FAIL_TO_PASS is empty: the task would have nothing to fix")
     unittest_ids = _test_style(fail_to_pass, pass_to_pass)
     spec = _spec_for(row, specs)
+    if check and tuple(map(int, spec.python.split(".")[:2])) < MIN_VERIFIER_PYTHON:
+        raise RowError(
+            f"the environment's Python {spec.python} is older than "
+            f"{'.'.join(map(str, MIN_VERIFIER_PYTHON))}, which rollyard's verifier runs with "
+            "(python -P); pass --no-check to write the task for Harbor alone"
+        )
     clone = _clone_for(repos_dir, repo)
     if _git(clone, "cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
         raise RowError(f"base_commit {commit} is not in the clone {clone}; fetch it there")

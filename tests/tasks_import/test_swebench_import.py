@@ -236,17 +236,24 @@ def test_cli_import_exit_codes(clone: Clone, tmp_path: Path,
 
 
 def test_spec_problems_are_row_errors(clone: Clone, tmp_path: Path) -> None:
+    """Each found before anything is built (no engine needed)."""
     repos, base, patches = clone
     specs = tmp_path / "specs.json"
-    specs.write_text(json.dumps({"acme/geometry": {"0.1": {"packages": "environment.yml"}}}))
+    specs.write_text(json.dumps({"acme/geometry": {
+        "0.1": {"packages": "environment.yml"}, "0.2": {"python": "3.9"},
+    }}))  # fmt: skip
     instances = tmp_path / "i.jsonl"
-    instances.write_text(
-        json.dumps(_row(base, patches)) + "\n" + json.dumps(_row(base, patches, version="9")) + "\n"
-    )
-    report = import_swebench(instances, repos, tmp_path / "tasks", specs=specs, check=False)
+    rows = (_row(base, patches), _row(base, patches, version="9"),
+            _row(base, patches, version="0.2"))  # fmt: skip
+    instances.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    report = import_swebench(instances, repos, tmp_path / "tasks", specs=specs)
     assert not any(row.ok for row in report.rows)
     assert "is a conda environment, which is not built here" in report.rows[0].error
     assert "no spec for acme/geometry version '9'" in report.rows[1].error
+    assert "Python 3.9 is older than 3.11, which rollyard's verifier runs with" in (
+        report.rows[2].error
+    )
+    assert not (tmp_path / "tasks" / "acme__geometry-1").exists()
 
 
 @pytest.fixture(scope="module")
