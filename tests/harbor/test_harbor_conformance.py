@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from tasks_lib import generate_demo_tasks, load_task
+from tasks_lib.format.repository import RepositoryEnvironment, harbor_dockerfile
 from tasks_lib.sources.authoring import TaskFiles, write_task
+from tasks_lib.sources.authoring.writer import pinned
 from tasks_lib.sources.families.data_analysis import generate_data_analysis_tasks
 from tasks_lib.sources.families.ops import generate_ops_tasks
-from tasks_lib.format.repository import RepositoryEnvironment, harbor_dockerfile
-from tasks_lib.sources.authoring.writer import pinned
 
 HARBOR_REQUIREMENT = "harbor==0.26.0"
 LOAD_WITH_HARBOR = """
@@ -98,8 +98,11 @@ def written_tasks(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
         instruction="Keep `double` right.\n",
         workspace={},
         workspace_base=project,
-        rollyard={"pass_to_pass": ["tests/test_calc.py::test_double"], "family": "swebench",
-                  "environment": environment.to_table()},  # fmt: skip
+        rollyard={
+            "pass_to_pass": ["tests/test_calc.py::test_double"],
+            "family": "swebench",
+            "environment": environment.to_table(),
+        },
         solve_sh="#!/bin/bash\ntrue\n",
         dockerfile=harbor_dockerfile(environment),
         environment_files={"requirements.txt": environment.requirements},
