@@ -249,6 +249,21 @@ def ensure_layer(
     return Layer(tag, key, built=True)
 
 
+def image_python_version(reference: str, *, client: Any = None) -> str:
+    """The `major.minor` of an image's `python3` (asked once per image id)."""
+    client = client or _shared_client()
+    return _python_of_image(client, _image_id(client, reference))
+
+
+@functools.cache
+def _python_of_image(client: Any, image_id: str) -> str:
+    output = client.containers.run(
+        image_id, ["python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+        network_mode="none", remove=True,
+    )  # fmt: skip
+    return bytes(output).decode().strip()
+
+
 def built_key(client: Any, tag: str) -> str | None:
     """The content key an image of rollyard's was built from (its `rollyard.key` label), None
     when the engine has no image `tag`: a tag is reused only when this matches the key of what

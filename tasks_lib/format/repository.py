@@ -6,7 +6,6 @@ does — base (the Python image and venv tooling) -> env (repo + Python + depend
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import re
 import shlex
@@ -215,26 +214,14 @@ def harbor_dockerfile(environment: RepositoryEnvironment) -> str:
     return "\n".join(lines) + "\n"
 
 
-@functools.cache
-def _image_python(image_id: str) -> str:
-    """The `major.minor` of an image's python3 (asked once per image id)."""
-    from sandboxes.docker import _shared_client
-
-    output = _shared_client().containers.run(
-        image_id, ["python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-        network_mode="none", remove=True,
-    )  # fmt: skip
-    return bytes(output).decode().strip()
-
-
-def python_image(python: str, *, client: Any) -> str:
+def python_image(python: str, *, client: Any = None) -> str:
     """The image the base layer starts from: the docker backend's base image when its Python is
     `python`, else `ROLLYARD_DOCKER_PYTHON_IMAGE` with `{python}` filled in."""
     from sandboxes import SandboxUnavailableError
-    from sandboxes.docker import _image_id, base_image
+    from sandboxes.docker import base_image, image_python_version
 
     base = base_image()
-    base_python = _image_python(_image_id(client, base))
+    base_python = image_python_version(base, client=client)
     if base_python == python:
         return base
     template = settings().docker_python_image
@@ -258,9 +245,8 @@ def repository_image(
     key: base (keyed by the Python image and the tooling step), env (by the base, the repo, the
     Python version and the requirements), instance (by the env, the base commit, the install
     commands and the workspace's content). `RUN` lines reach the host's network (PyPI, apt)."""
-    from sandboxes.docker import _shared_client, ensure_layer
+    from sandboxes.docker import ensure_layer
 
-    client = client or _shared_client()
     built: list[str] = []
 
     def layer(kind: str, parent: str, dockerfile: str, context: Path | None) -> str:

@@ -128,8 +128,9 @@ def run_task_tests(run: VerifyRun, sandbox: Sandbox, test_args: Sequence[str]) -
     if run.task.test_runner == "unittest":
         from tasks_lib.verify.unittest_runner import run_unittest
 
-        return run_unittest(sandbox, run.task.test_command, test_args or run.task.expected_tests,
-                            timeout_s=run.timeout_s, report_dir=run.report_dir)  # fmt: skip
+        ran = run_unittest(sandbox, run.task.test_command, test_args or run.task.expected_tests,
+                           timeout_s=run.timeout_s, report_dir=run.report_dir)  # fmt: skip
+        return PytestRun(ran.executed, ran.report, ran.unreadable)
     return run_pytest(sandbox, test_args, timeout_s=run.timeout_s, report_dir=run.report_dir)
 
 

@@ -9,17 +9,17 @@ program records them from `unittest.TestResult`'s own hooks, runs the runner in 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 import shlex
 from collections.abc import Mapping, Sequence
 from typing import cast
 
-from sandboxes import WORKSPACE_MOUNT, Sandbox, SandboxError
+from sandboxes import WORKSPACE_MOUNT, ExecResult, Sandbox, SandboxError
 from tasks_lib.format.model import VERIFIER_DIR
 from tasks_lib.verify.context import limit_of
 from tasks_lib.verify.junit import MAX_REPORT_BYTES, MESSAGE_CHARS, JUnitReport, Outcome
-from tasks_lib.verify.pytest import PytestRun
 
 UNITTEST_ENV = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"}
 REPORT_NAME = "unittest.json"
@@ -125,6 +125,17 @@ def _parse(raw: bytes) -> JUnitReport:
     return JUnitReport(outcomes, messages)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class UnittestRun:
+    """One run: the process's result (exit 0 all passed, 1 some did not) and the outcomes it
+    recorded, as a pytest run reports them (`verify.pytest.PytestRun` wraps it)."""
+
+    executed: ExecResult
+    report: JUnitReport | None
+    """None when the run hit a limit, wrote no report, or wrote one that does not parse."""
+    unreadable: str = ""
+
+
 def run_unittest(
     sandbox: Sandbox,
     command: str,
@@ -132,9 +143,8 @@ def run_unittest(
     *,
     timeout_s: float,
     report_dir: str | None = None,
-) -> PytestRun:
-    """Run the unittest runner `command` over `test_ids` in `sandbox`; the result reads like a
-    pytest run's (exit 0 all passed, 1 some did not; outcomes per test id)."""
+) -> UnittestRun:
+    """Run the unittest runner `command` over `test_ids` in `sandbox`."""
     report_dir = report_dir or f"{VERIFIER_DIR}/{secrets.token_hex(12)}"
     sandbox.write_file(f"{report_dir}/.keep", "")
     program = _program(command, test_ids, f"{WORKSPACE_MOUNT}/{report_dir}/{REPORT_NAME}")
@@ -142,12 +152,12 @@ def run_unittest(
         ["python", "-B", "-s", "-P", "-c", program], timeout_s=timeout_s, env=UNITTEST_ENV
     )
     if limit_of(executed) is not None:
-        return PytestRun(executed, None)
+        return UnittestRun(executed, None)
     try:
         raw = sandbox.read_file(f"{report_dir}/{REPORT_NAME}")
     except (SandboxError, OSError):
-        return PytestRun(executed, None)
+        return UnittestRun(executed, None)
     try:
-        return PytestRun(executed, _parse(raw))
+        return UnittestRun(executed, _parse(raw))
     except (ValueError, KeyError, TypeError) as error:
-        return PytestRun(executed, None, str(error)[:200])
+        return UnittestRun(executed, None, str(error)[:200])
