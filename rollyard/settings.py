@@ -45,6 +45,10 @@ class RollyardSettings(BaseSettings):
     """`ROLLYARD_SNAPSHOT_CACHE_MB`: byte budget of the bwrap backend's workspace copies."""
     docker_base_image: str = "rollyard/base:bookworm-py3"
     """`ROLLYARD_DOCKER_BASE_IMAGE`: the docker backend's base image."""
+    docker_python_image: str | None = None
+    """`ROLLYARD_DOCKER_PYTHON_IMAGE`: the image a repository environment (SWE-bench import)
+    builds on when it wants another Python than the base image's, `{python}` standing for the
+    version (e.g. `registry.example.com/python:{python}-bookworm`)."""
     openai_api_key: SecretStr | None = Field(
         default=None,
         validation_alias=AliasChoices("ROLLYARD_OPENAI_API_KEY", "OPENAI_API_KEY"),

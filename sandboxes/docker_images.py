@@ -6,7 +6,7 @@ WORKDIR leading to /workspace.
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import functools
 import hashlib
 import io
@@ -31,13 +31,49 @@ STATE_DIR = "/run/rollyard"
 """Root-owned directory in every task image for what the backend hands a command (stdin)."""
 
 
+class _BufferedConnection:
+    """An exec's hijacked connection read through the HTTP response's buffer. docker-py reads
+    the raw socket under it, losing the output bytes that arrived with the response headers
+    (measured here: about one short command in four came back with no output at all)."""
+
+    def __init__(self, sock: Any, buffered: Any) -> None:
+        self._sock = sock
+        self._buffered = buffered
+
+    def recv(self, size: int) -> bytes:
+        return bytes(self._buffered.read1(size))
+
+    def fileno(self) -> int:
+        return int(self._sock.fileno())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+@functools.cache
+def _api_client_class() -> type:
+    import docker
+
+    class APIClient(docker.APIClient):  # type: ignore[misc]
+        def _get_raw_response_socket(self, response: Any) -> Any:
+            sock = super()._get_raw_response_socket(response)
+            buffered = getattr(getattr(response.raw, "_fp", None), "fp", None)
+            if buffered is None or not hasattr(buffered, "read1") or buffered.raw is not sock:
+                return sock  # not the plain-socket case the buffer sits over
+            return _BufferedConnection(sock, buffered)
+
+    return APIClient
+
+
 def _client() -> Any:
     try:
         import docker
+        from docker.utils import kwargs_from_env
     except ImportError as error:  # pragma: no cover - docker is a dependency
         raise SandboxUnavailableError("the docker backend needs the `docker` package") from error
     try:
-        client = docker.from_env(timeout=120)
+        client = docker.DockerClient(timeout=120, **kwargs_from_env())
+        client.api = _api_client_class()(timeout=120, **kwargs_from_env())
         client.ping()
     except Exception as error:
         raise SandboxUnavailableError(
@@ -76,6 +112,18 @@ def _tree_digest(context_dir: Path) -> str:
     return snapshot_digest(context_dir)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Layer:
+    """An image layer `ensure_layer` found or built."""
+
+    tag: str
+    """`rollyard/<kind>:<key prefix>`."""
+    key: str
+    """The sha256 of what built it (also its `rollyard.key` label)."""
+    built: bool
+    """True when this call built it; False when an image with its key was already there."""
+
+
 def build_layer(
     parent: str,
     dockerfile: str,
@@ -86,7 +134,22 @@ def build_layer(
     timeout_s: float = 600.0,
     client: Any = None,
 ) -> str:
-    """Build (or reuse) an image from `dockerfile` on top of `parent`; returns its tag.
+    """The tag of `ensure_layer`'s image (built when missing)."""
+    return ensure_layer(parent, dockerfile, context_dir, kind=kind, network=network,
+                        timeout_s=timeout_s, client=client).tag  # fmt: skip
+
+
+def ensure_layer(
+    parent: str,
+    dockerfile: str,
+    context_dir: Path | None = None,
+    *,
+    kind: str = "family",
+    network: bool = False,
+    timeout_s: float = 600.0,
+    client: Any = None,
+) -> Layer:
+    """Build (or reuse) an image from `dockerfile` on top of `parent`.
 
     The Dockerfile's first `FROM` is replaced by `parent`, so Harbor task Dockerfiles that name a
     registry image build offline on the local base. The tag is `rollyard/<kind>:<hash>` where the
@@ -107,9 +170,8 @@ def build_layer(
     context_digest = _tree_digest(context_dir) if context_dir is not None else "-"
     key = hashlib.sha256(f"{parent_id}\n{context_digest}\n{text}".encode()).hexdigest()
     tag = f"rollyard/{kind}:{key[:24]}"
-    with contextlib.suppress(Exception):
-        client.images.get(tag)
-        return tag
+    if built_key(client, tag) == key:
+        return Layer(tag, key, built=False)
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as archive:
         if context_dir is not None:
@@ -126,8 +188,41 @@ def build_layer(
             labels={KEY_LABEL: key}, timeout=timeout_s,
         )  # fmt: skip
     except Exception as error:
-        raise SandboxSetupError(f"building the {kind} image on {parent} failed: {error}") from error
-    return tag
+        # The step's own output says why (a package that does not resolve, a certificate).
+        log = [str(entry.get("stream", "")).strip() for entry in getattr(error, "build_log", [])
+               if isinstance(entry, dict)]  # fmt: skip
+        tail = " | ".join(line for line in log if line)[-600:]
+        raise SandboxSetupError(
+            f"building the {kind} image on {parent} failed: {error}"
+            + (f"; log: {tail}" if tail else "")
+        ) from error
+    return Layer(tag, key, built=True)
+
+
+def image_python_version(reference: str, *, client: Any = None) -> str:
+    """The `major.minor` of an image's `python3` (asked once per image id)."""
+    client = client or shared_client()
+    return _python_of_image(client, image_id(client, reference))
+
+
+@functools.cache
+def _python_of_image(client: Any, image_id: str) -> str:
+    output = client.containers.run(
+        image_id, ["python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+        network_mode="none", remove=True,
+    )  # fmt: skip
+    return bytes(output).decode().strip()
+
+
+def built_key(client: Any, tag: str) -> str | None:
+    """The content key an image of rollyard's was built from (its `rollyard.key` label), None
+    when the engine has no image `tag`: a tag is reused only when this matches the key of what
+    would build it, so an image retagged or loaded from elsewhere under the name is rebuilt."""
+    try:
+        labels = client.images.get(tag).labels or {}
+    except Exception:
+        return None
+    return str(labels.get(KEY_LABEL)) if labels.get(KEY_LABEL) else None
 
 
 def harbor_task_image(
@@ -213,8 +308,7 @@ def snapshot_image(parent: str, lower_dir: Path, digest: str, *, client: Any) ->
     parent_id = image_id(client, parent)
     key = hashlib.sha256(f"{parent_id}\n{digest}".encode()).hexdigest()
     tag = f"rollyard/task:{key[:24]}"
-    with contextlib.suppress(Exception):
-        client.images.get(tag)
+    if built_key(client, tag) == key:
         return tag
     container = client.containers.create(
         parent,

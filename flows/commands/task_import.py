@@ -50,16 +50,27 @@ def register_tasks_commands(commands: argparse._SubParsersAction[argparse.Argume
         help="Harbor tasks from SWE-bench instance rows and local clones",
         description="Reads SWE-bench instances (JSONL: instance_id, repo, base_commit, patch, "
         "test_patch, FAIL_TO_PASS, PASS_TO_PASS, problem_statement) and writes one task per row "
-        "from the clones under --repos (OWNER/NAME, OWNER__NAME or NAME). Prints one JSON line "
-        "per row; a bad row is reported and the rest still import.",
+        "from the clones under --repos (OWNER/NAME, OWNER__NAME or NAME). Each task runs in its "
+        "repository's environment image, built in layers keyed by content (base, env, instance; "
+        "docs/swebench.md); an instance is admitted only when its FAIL_TO_PASS tests fail before "
+        "the gold patch and pass after it, and its PASS_TO_PASS tests pass both times (needs a "
+        "Docker engine). Prints one JSON line per row; a bad or refused row is reported with the "
+        "reason and the rest still import.",
     )
     swebench.add_argument("instances", type=Path, metavar="FILE.jsonl",
                           help="SWE-bench instances, one JSON object per line")  # fmt: skip
-    swebench.add_argument("--repos", required=True, type=Path, help="directory of local clones")
+    swebench.add_argument("--repos", required=True, type=Path,
+                          help="mirror directory of local clones (bare or not)")  # fmt: skip
     swebench.add_argument("--out", required=True, type=Path, help="directory to write tasks to")
+    swebench.add_argument("--specs", type=Path, default=None, metavar="FILE.json",
+                          help="install specs by repo and version, in SWE-bench's shape "
+                          "(default: the local Python, pip install -e .)")  # fmt: skip
     swebench.add_argument(
         "--limit", type=int_between(1, MAX_COUNT), default=None, help="rows to read at most"
     )
+    swebench.add_argument("--no-check", action="store_true",
+                          help="write the tasks without building their images or checking the "
+                          "gold patch (not admitted: check them with `rollyard tasks check`)")  # fmt: skip
     add_format_option(swebench, default="json")
     swebench.set_defaults(handler=import_swebench_command)
 
@@ -110,8 +121,8 @@ def import_swebench_command(args: argparse.Namespace) -> int:
 
     try:
         report = import_swebench(
-            args.instances, args.repos, args.out, limit=args.limit,
-            progress=lambda row: emit(row.to_json()),
+            args.instances, args.repos, args.out, limit=args.limit, specs=args.specs,
+            check=not args.no_check, progress=lambda row: emit(row.to_json()),
         )  # fmt: skip
     except (TaskError, OSError) as error:
         raise CliError(str(error)) from error

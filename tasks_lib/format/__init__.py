@@ -7,7 +7,8 @@ runnable.py  where a task runs faithfully (bwrap, or its own image), and the ref
 loader.py    load and validate a task directory (every problem names file, field, value, fix)
 layout.py    the directory's files: instruction.md and task.toml within bounds, the workspace
 fields.py    the `[metadata.rollyard]` fields and the limits from Harbor's sections
-node_ids.py  the pytest node ids a task lists, checked against its test files
+node_ids.py  the test ids a task lists (pytest node ids checked against its test files, unittest ids)
+repository.py  a repository task's environment table and its layered image (base -> env -> instance)
 issues.py    the issue collector every reader reports to
 environment.py  where a task runs: bwrap over its workspace, or its own image on docker
 spec.py    the `[rollyard.artifact]` and `[rollyard.rules]` tables of those verifier kinds

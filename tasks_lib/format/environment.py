@@ -19,6 +19,13 @@ def task_image(task: Task, *, verifier: bool = False) -> str | None:
         return None
     from sandboxes.docker_images import harbor_task_image, pulled_task_image
 
+    if container.repository is not None:
+        from tasks_lib.format.repository import repository_image
+
+        return repository_image(
+            container.repository, task.snapshot_dir,
+            build_timeout_s=task.harbor.environment.build_timeout_s,
+        ).instance  # fmt: skip
     if container.pulled_image is not None and not (
         verifier and container.verifier_context_dir is not None
     ):

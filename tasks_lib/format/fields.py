@@ -12,7 +12,8 @@ from typing import Any
 from sandboxes import Limits
 from tasks_lib.format.harbor import HarborConfig
 from tasks_lib.format.issues import MISSING, IssueCollector, relative_inside
-from tasks_lib.format.model import DEFAULT_TEST_COMMAND
+from tasks_lib.format.model import DEFAULT_TEST_COMMAND, TEST_RUNNERS, TestRunner
+from tasks_lib.format.repository import ENVIRONMENT_TABLE
 
 # The numeric limits a task may set in [rollyard.limits]; its network comes from Harbor's
 # [environment] network_mode and allowed_hosts.
@@ -32,6 +33,8 @@ ROLLYARD_FIELDS = {
     "family": "task family name",
     "source": "where the task comes from",
     "difficulty": "easy | medium | hard",
+    "test_runner": "pytest | unittest (ids 'test_name (module.Class)', test_command runs them)",
+    ENVIRONMENT_TABLE: "table of a repository task's image (repo, base_commit, python, install)",
     "limits": "table of sandbox limits and timeouts",
     "verifier": "tests | artifact | rules",
     "artifact": "table of the artifact verifier (outputs, variants, command)",
@@ -149,6 +152,39 @@ def command_test_paths(check: IssueCollector, command: str) -> tuple[str, ...]:
                 "use workspace-relative paths",
             )
     return paths or (".",)
+
+
+def test_runner_field(check: IssueCollector, rollyard: dict[str, Any]) -> TestRunner:
+    """`rollyard.test_runner`: pytest unless it says unittest (an issue for anything else)."""
+    runner = string_field(check, rollyard, "test_runner", "pytest")
+    if runner == "unittest":
+        return "unittest"
+    if runner != "pytest":
+        check.add("task.toml", "rollyard.test_runner", runner, "is not a known test runner",
+                  f"use one of {', '.join(TEST_RUNNERS)}")  # fmt: skip
+    return "pytest"
+
+
+def runner_command_check(check: IssueCollector, command: str) -> tuple[str, ...]:
+    """A unittest runner's command line (`python -m unittest`, `tests/runtests.py --parallel 1`),
+    checked: the verifier runs it in-process with the expected tests as labels, so it names no
+    test paths (the empty tuple)."""
+    try:
+        argv = shlex.split(command)
+    except ValueError as error:
+        argv = []
+        check.add("task.toml", "rollyard.test_command", command, f"cannot be split ({error})",
+                  "fix the quoting")  # fmt: skip
+    if argv[:1] in (["python"], ["python3"]):
+        argv = argv[1:]
+    if argv[:2] != ["-m", "unittest"] and not (argv and argv[0].endswith(".py")):
+        check.add("task.toml", "rollyard.test_command", command,
+                  "must run 'python -m unittest' or a runner script ('tests/runtests.py ...')",
+                  "write e.g. test_command = 'python -m unittest'")  # fmt: skip
+    elif argv[0].endswith(".py") and not relative_inside(argv[0].removeprefix("./")):
+        check.add("task.toml", "rollyard.test_command", command,
+                  "names a runner script outside the workspace", "use a workspace-relative path")  # fmt: skip
+    return ()
 
 
 def task_limits(

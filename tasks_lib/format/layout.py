@@ -17,6 +17,7 @@ from tasks_lib.format.fields import string_field
 from tasks_lib.format.harbor import HarborConfig
 from tasks_lib.format.issues import MISSING, IssueCollector, relative_inside
 from tasks_lib.format.model import DEFAULT_WORKSPACE_DIR, ContainerImage
+from tasks_lib.format.repository import ENVIRONMENT_TABLE, parse_environment
 from tasks_lib.format.runnable import (
     LocalImage,
     absolute_workdir_uses,
@@ -208,3 +209,20 @@ def harbor_workspace(
         check.add("environment/Dockerfile", "-", "-", f"cannot assemble its workspace ({error})",
                   "check the COPY sources and the cache directory")  # fmt: skip
         return root / "environment", image.workdir, container
+
+
+def repository_image(check: IssueCollector, root: Path, table: Any) -> ContainerImage | None:
+    """The image of a repository task (`[metadata.rollyard.environment]`), built in layers."""
+    parsed = parse_environment(table, root / "environment")
+    if isinstance(parsed, list):
+        for problem in parsed:
+            field, _, message = problem.partition(": ")
+            check.add("task.toml", f"rollyard.{ENVIRONMENT_TABLE}.{field}", "-", message,
+                      "see docs/swebench.md for the table's fields")  # fmt: skip
+        return None
+    return ContainerImage(
+        context_dir=root / "environment",
+        verifier_context_dir=None,
+        reason=f"rollyard.{ENVIRONMENT_TABLE}: runs in the environment image of {parsed.repo}",
+        repository=parsed,
+    )

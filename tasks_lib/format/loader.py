@@ -25,8 +25,10 @@ from tasks_lib.format.fields import (
     ROLLYARD_FIELDS,
     command_test_paths,
     rollyard_table,
+    runner_command_check,
     string_field,
     task_limits,
+    test_runner_field,
 )
 from tasks_lib.format.harbor import parse_harbor_config
 from tasks_lib.format.issues import MISSING, IssueCollector
@@ -34,6 +36,7 @@ from tasks_lib.format.layout import (
     bounded_tree,
     harbor_layout,
     harbor_workspace,
+    repository_image,
     rollyard_workspace,
 )
 from tasks_lib.format.model import (
@@ -44,6 +47,7 @@ from tasks_lib.format.model import (
     Task,
 )
 from tasks_lib.format.node_ids import check_test_ids
+from tasks_lib.format.repository import ENVIRONMENT_TABLE
 from tasks_lib.format.runnable import refusals
 from tasks_lib.format.spec import parse_artifact, parse_rules
 
@@ -120,11 +124,17 @@ def _load(root: Path) -> Task:
     container = None
     if has_table:
         workspace = rollyard_workspace(check, root, rollyard)
+        if ENVIRONMENT_TABLE in rollyard:
+            container = repository_image(check, root, rollyard[ENVIRONMENT_TABLE])
     else:
         workspace, workdir, container = harbor_workspace(check, root, harbor)
     workdir = harbor.environment.workdir or workdir
     test_command = string_field(check, rollyard, "test_command", DEFAULT_TEST_COMMAND)
-    test_paths = command_test_paths(check, test_command)
+    test_runner = test_runner_field(check, rollyard)
+    if test_runner == "pytest":
+        test_paths = command_test_paths(check, test_command)
+    else:
+        test_paths = runner_command_check(check, test_command)
 
     hidden_dir: Path | None = None
     hidden_relative = string_field(check, rollyard, "hidden_dir", DEFAULT_HIDDEN_DIR)
@@ -145,6 +155,7 @@ def _load(root: Path) -> Task:
         rollyard.get("fail_to_pass", []),
         workspace if workspace_ok else None,
         "the workspace",
+        test_runner,
     )
     pass_to_pass = check_test_ids(
         check,
@@ -152,6 +163,7 @@ def _load(root: Path) -> Task:
         rollyard.get("pass_to_pass", []),
         workspace if workspace_ok else None,
         "the workspace",
+        test_runner,
     )
     hidden_tests = check_test_ids(
         check,
@@ -275,4 +287,5 @@ def _load(root: Path) -> Task:
         harbor=harbor,
         workdir=workdir,
         container=container,
+        test_runner=test_runner,
     )

@@ -9,6 +9,7 @@ from typing import Literal
 
 from sandboxes import Limits
 from tasks_lib.format.harbor import HarborConfig
+from tasks_lib.format.repository import RepositoryEnvironment
 from tasks_lib.format.spec import ArtifactSpec, RulesSpec
 
 DEFAULT_WORKSPACE_DIR = "environment/workspace"
@@ -19,6 +20,11 @@ VERIFIER_DIR = ".rollyard"
 files under it are dropped, so nothing there can be pre-seeded."""
 
 DIFFICULTIES = ("easy", "medium", "hard")
+
+TestRunner = Literal["pytest", "unittest"]
+"""How a `tests` task's suite runs: pytest (ids `tests/test_x.py::test_y`) or a unittest-based
+runner such as Django's `tests/runtests.py` (ids `test_y (module.Class)`)."""
+TEST_RUNNERS: tuple[TestRunner, ...] = ("pytest", "unittest")
 
 VerifierKind = Literal["tests", "harbor", "artifact", "rules"]
 """How a task is judged: its pytest suite (`tests`), the `reward.txt` its `tests/test.sh` writes
@@ -54,8 +60,9 @@ VERIFIER_GLOBS = (VERIFIER_DIR,)
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ContainerImage:
-    """A plain Harbor task's own image: its Dockerfile builds what the local environment does not
-    hold, so its episodes and its verifier run on the docker backend, in that image."""
+    """A task's own image: a plain Harbor task's Dockerfile builds what the local environment
+    does not hold, or a repository task declares its environment; either way its episodes and its
+    verifier run on the docker backend, in that image."""
 
     context_dir: Path
     """The build context (`environment/`); its Dockerfile is `environment/Dockerfile`."""
@@ -67,6 +74,9 @@ class ContainerImage:
     pulled_image: str | None = None
     """A pre-built image (Harbor's `docker_image`, the task having no Dockerfile): pulled when
     the engine lacks it and used as is, instead of a build."""
+    repository: RepositoryEnvironment | None = None
+    """A repository task's environment (`[metadata.rollyard.environment]`): its image is built
+    in layers (base -> env -> instance) from this, not from the Dockerfile."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -117,6 +127,9 @@ class Task:
     rewritten to the workspace."""
     container: ContainerImage | None = None
     """Set when the task needs its own image (the docker backend); None: it runs on bwrap."""
+    test_runner: TestRunner = "pytest"
+    """How the `tests` verifier runs the suite: pytest, or `test_command` as a unittest runner
+    given the expected tests as labels."""
 
     @property
     def verifier_kind(self) -> VerifierKind:

@@ -1,5 +1,6 @@
-"""Pytest node ids a task lists (`fail_to_pass`, `pass_to_pass`, `hidden_tests`): their form, and
-whether the test files define the tests they name.
+"""Test ids a task lists (`fail_to_pass`, `pass_to_pass`, `hidden_tests`): pytest node ids, their
+form and whether the test files define the tests they name; unittest ids (`test_name
+(module.Class)`), their form.
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from tasks_lib.format.issues import IssueCollector, relative_inside
+from tasks_lib.format.model import TestRunner
 
 # A parametrization (`[...]`) may hold any character pytest puts in an id, `:` and `[` included.
 TEST_ID_PATTERN = re.compile(
     r"^(?P<file>[^:\s][^:]*\.py)(?P<rest>(?:::[^:\[\]]+)+(?:\[.*\])?)$", re.DOTALL
 )
+UNITTEST_ID_PATTERN = re.compile(r"^(?P<name>[A-Za-z_]\w*) \((?P<owner>[A-Za-z_][\w.]*)\)$")
+"""A unittest-runner test id as Django and SWE-bench write it: `test_name (module.Class)`."""
 
 
 def defined_names(test_file: Path) -> set[str] | None:
@@ -42,6 +46,10 @@ def checkable_test_ids(workspace: Path, test_ids: Iterable[str]) -> tuple[str, .
     names: dict[str, set[str] | None] = {}
     kept = []
     for test_id in test_ids:
+        if UNITTEST_ID_PATTERN.match(test_id):
+            # Where `module` lives depends on the runner's sys.path: the run checks these.
+            kept.append(test_id)
+            continue
         match = TEST_ID_PATTERN.match(test_id)
         if match is None:
             continue
@@ -61,7 +69,12 @@ def _node_name(match: re.Match[str]) -> str:
 
 
 def check_test_ids(
-    check: IssueCollector, field: str, ids: Any, root: Path | None, root_label: str
+    check: IssueCollector,
+    field: str,
+    ids: Any,
+    root: Path | None,
+    root_label: str,
+    runner: TestRunner = "pytest",
 ) -> tuple[str, ...]:
     """The test ids of `field`, each checked for its form and, under `root`, for the test it
     names."""
@@ -77,6 +90,11 @@ def check_test_ids(
     parsed_files: dict[str, set[str] | None] = {}
     for index, test_id in enumerate(ids):
         where = f"rollyard.{field}[{index}]"
+        if runner == "unittest":
+            if not UNITTEST_ID_PATTERN.match(test_id):
+                check.add("task.toml", where, test_id, "is not a unittest test id",
+                          "use the form 'test_name (module.Class)'")  # fmt: skip
+            continue
         match = TEST_ID_PATTERN.match(test_id)
         if match is None or not relative_inside(match.group("file")):
             check.add(

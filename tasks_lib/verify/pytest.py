@@ -1,4 +1,5 @@
-"""The one hardened pytest run, and the verifier of `tests` tasks built on it.
+"""The one hardened pytest run, and the verifier of `tests` tasks built on it (a task whose suite
+is unittest-based runs through `verify/unittest_runner.py` and is scored the same way).
 
 `run_pytest` is how rollyard runs a test suite inside a sandbox, for the verifier, for curation's
 reordered runs and for synthesis alike: plugin autoload off, no cache provider, no bytecode, the
@@ -123,9 +124,17 @@ def run_pytest(
 
 def run_task_tests(run: VerifyRun, sandbox: Sandbox, test_args: Sequence[str]) -> PytestRun:
     """The task's hidden tests written into `sandbox` (from `run.sandbox()`), then the hardened
-    run over `test_args` within the run's budget, reporting into the run's directory."""
+    run over `test_args` within the run's budget, reporting into the run's directory. A task
+    whose runner is unittest runs its `test_command` over `test_args` as test ids (its expected
+    tests when none are given)."""
     if run.task.hidden_dir is not None:
         install_tree(sandbox, run.task.hidden_dir, "")
+    if run.task.test_runner == "unittest":
+        from tasks_lib.verify.unittest_runner import run_unittest
+
+        ran = run_unittest(sandbox, run.task.test_command, test_args or run.task.expected_tests,
+                           timeout_s=run.timeout_s, report_dir=run.report_dir)  # fmt: skip
+        return PytestRun(ran.executed, ran.report, ran.unreadable)
     return run_pytest(sandbox, test_args, timeout_s=run.timeout_s, report_dir=run.report_dir)
 
 

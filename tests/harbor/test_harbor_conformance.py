@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from tasks_lib import generate_demo_tasks, load_task
+from tasks_lib.format.repository import RepositoryEnvironment, harbor_dockerfile
 from tasks_lib.sources.authoring import TaskFiles, write_task
+from tasks_lib.sources.authoring.writer import pinned
 from tasks_lib.sources.families.data_analysis import generate_data_analysis_tasks
 from tasks_lib.sources.families.ops import generate_ops_tasks
-from tasks_lib.sources.swebench import _DOCKERFILE as SWEBENCH_DOCKERFILE
 
 HARBOR_REQUIREMENT = "harbor==0.26.0"
 LOAD_WITH_HARBOR = """
@@ -88,14 +89,23 @@ def written_tasks(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     (project / "tests" / "test_calc.py").write_text(
         "from calc import double\n\n\ndef test_double():\n    assert double(2) == 4\n"
     )
+    environment = RepositoryEnvironment(
+        repo="acme/calc", base_commit="0" * 40, python="3.11", requirements="iniconfig==2.0.0\n",
+        pip_packages=(pinned("pytest"),),
+    )  # fmt: skip
     files = TaskFiles(
         task_id="imported-0",
         instruction="Keep `double` right.\n",
         workspace={},
         workspace_base=project,
-        rollyard={"pass_to_pass": ["tests/test_calc.py::test_double"], "family": "swebench"},
+        rollyard={
+            "pass_to_pass": ["tests/test_calc.py::test_double"],
+            "family": "swebench",
+            "environment": environment.to_table(),
+        },
         solve_sh="#!/bin/bash\ntrue\n",
-        dockerfile=SWEBENCH_DOCKERFILE,
+        dockerfile=harbor_dockerfile(environment),
+        environment_files={"requirements.txt": environment.requirements},
     )
     tasks.append(write_task(files, out / "imported" / "imported-0"))
     for task_dir in tasks:

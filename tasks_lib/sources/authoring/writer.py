@@ -124,6 +124,9 @@ class TaskFiles:
     workspace_base: Path | None = None
     """A host directory copied (links kept as links) as the starting workspace before
     `workspace` is written: a whole project, for synthesis and imports."""
+    environment_files: Mapping[str, FileContent] = dataclasses.field(default_factory=dict)
+    """Further files of the build context `environment/` next to the Dockerfile (a repository
+    environment's requirements)."""
 
 
 def _write(path: Path, content: FileContent) -> None:
@@ -165,6 +168,7 @@ def _assemble(files: TaskFiles, tmp: Path) -> None:
         (workspace, files.workspace),
         (tmp / "tests", files.tests),
         (tmp / "solution", files.solution),
+        (tmp / "environment", files.environment_files),
     ):
         for rel, content in entries.items():
             _write(root / rel, content)
