@@ -114,6 +114,7 @@ UPDATE_STAND_IN_S = 10.0
 rollouts, as an accelerator's does, so there is a window to overlap."""
 
 
+@pytest.mark.slow  # two 10 s stand-in updates plus a flow: 32 s on a lightly loaded machine
 def test_the_next_step_is_committed_and_gated_while_the_current_one_updates(
     demo_tasks: Path, dask_address: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
