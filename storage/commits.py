@@ -92,6 +92,9 @@ from storage.shard_log import PendingShard, pending_shards
 # Delta retries a commit that lost a race to a non-conflicting one; many parallel shard writers
 # need more than the library default.
 MAX_COMMIT_RETRIES = 100
+CONFLICT_RETRIES = 3
+"""Commits of a shard retried on a fresh handle after a conflict that no shard of theirs lost
+(another writer's metadata commit), before the failure is raised."""
 # After each commit Delta writes a checkpoint when the table's interval says so; old log files
 # are only removed past the default retention.
 _POST_COMMIT = PostCommitHookProperties(create_checkpoint=True)
@@ -223,20 +226,25 @@ class CommitEngine(StoreTables):
         done = table.transaction_version(app_id)
         if done is not None and done >= app_version:
             return False
-        try:
-            # Writing through the handle read above makes a concurrent commit of the same app id
-            # a conflict instead of a second copy.
-            added = self.write_file(spec, data, uuid.uuid4().hex)
-            self.commit_files(table, spec, [added], app_ids=[app_id], app_version=app_version)
-        except CommitFailedError as error:
-            fresh = self.open(spec, create=False)
-            done = fresh.transaction_version(app_id) if fresh is not None else None
-            if done is not None and done >= app_version:
-                return False
-            raise CommitError(
-                f"{self.table_uri(spec.name)}: commit of {app_id} failed: {first_line(error)}"
-            ) from error
-        return True
+        # Writing through the handle read above makes a concurrent commit of the same app id
+        # a conflict instead of a second copy.
+        added = self.write_file(spec, data, uuid.uuid4().hex)
+        for retries_left in range(CONFLICT_RETRIES, -1, -1):
+            try:
+                self.commit_files(table, spec, [added], app_ids=[app_id], app_version=app_version)
+                return True
+            except CommitFailedError as error:
+                fresh = self.open(spec, create=False)
+                done = fresh.transaction_version(app_id) if fresh is not None else None
+                if done is not None and done >= app_version:
+                    return False
+                if fresh is None or retries_left == 0:
+                    raise CommitError(
+                        f"{self.table_uri(spec.name)}: commit of {app_id} failed: "
+                        f"{first_line(error)}"
+                    ) from error
+                table = fresh  # another writer's metadata commit (see `_commit_until_done`)
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     # ---- episodes and steps: the shard commit -------------------------------------------------
 
@@ -429,6 +437,7 @@ class CommitEngine(StoreTables):
         writer committed there first, left out."""
         remaining = list(adds)
         lost: set[str] = set()
+        retries_left = CONFLICT_RETRIES
         while remaining:
             try:
                 self.commit_files(
@@ -446,6 +455,14 @@ class CommitEngine(StoreTables):
                 # Another writer committed some of these shards first: commit the others again
                 # without them. If it committed none of them, the failure is something else.
                 fresh, won = self.open_in(handles, spec, create=False, app_ids=remaining)
+                if fresh is not None and not won and retries_left > 0:
+                    # A conflict none of these shards caused: Delta does not retry over another
+                    # writer's metadata commit ("Metadata changed since last commit", e.g. two
+                    # writers creating a fresh table at once, the second landing as version 1).
+                    # The files are unchanged and the transaction ids keep the retry exactly-once.
+                    retries_left -= 1
+                    table = fresh
+                    continue
                 if fresh is None or not won:
                     raise CommitError(
                         f"{self.table_uri(spec.name)}: commit of {len(remaining)} shard(s) "
