@@ -23,12 +23,13 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sandbox_startup import timed  # the same timing loop as the sandbox start-up figures
 
 from sandboxes import Limits, SandboxError, open_sandbox
 
@@ -77,17 +78,6 @@ def target_server() -> Iterator[int]:
 def quantiles(samples: list[float]) -> tuple[float, float]:
     ordered = sorted(samples)
     return statistics.median(ordered), ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
-
-
-def timed(action: Callable[[], object], runs: int, warmup: int = 2) -> list[float]:
-    for _ in range(warmup):
-        action()
-    samples = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        action()
-        samples.append((time.perf_counter() - started) * 1000)
-    return samples
 
 
 def host_fetches(url: str, count: int) -> list[float]:

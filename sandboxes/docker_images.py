@@ -124,21 +124,6 @@ class Layer:
     """True when this call built it; False when an image with its key was already there."""
 
 
-def build_layer(
-    parent: str,
-    dockerfile: str,
-    context_dir: Path | None = None,
-    *,
-    kind: str = "family",
-    network: bool = False,
-    timeout_s: float = 600.0,
-    client: Any = None,
-) -> str:
-    """The tag of `ensure_layer`'s image (built when missing)."""
-    return ensure_layer(parent, dockerfile, context_dir, kind=kind, network=network,
-                        timeout_s=timeout_s, client=client).tag  # fmt: skip
-
-
 def ensure_layer(
     parent: str,
     dockerfile: str,
@@ -238,8 +223,8 @@ def harbor_task_image(
     image's WORKDIR leading to the workspace: the agent and the verifier work in the WORKDIR the
     task names, and the sandbox sees their changes under /workspace."""
     dockerfile = (environment_dir / "Dockerfile").read_text(encoding="utf-8")
-    image = build_layer(base or base_image(), dockerfile, environment_dir, kind="task-env",
-                        network=True, timeout_s=build_timeout_s, client=client)  # fmt: skip
+    image = ensure_layer(base or base_image(), dockerfile, environment_dir, kind="task-env",
+                         network=True, timeout_s=build_timeout_s, client=client).tag  # fmt: skip
     return _workdir_layer(image, workdir, client=client)
 
 
@@ -286,7 +271,7 @@ def _workdir_layer(image: str, workdir: str, *, client: Any) -> str:
         f'mkdir -p "$(dirname {quoted})" && ln -sfn {WORKSPACE_MOUNT} {quoted}\n'
         f"WORKDIR {WORKSPACE_MOUNT}\n"
     )
-    return build_layer(image, relocate, kind="task-env", client=client)
+    return ensure_layer(image, relocate, kind="task-env", client=client).tag
 
 
 def _tar_tree(root: Path, arc_root: str) -> io.BytesIO:

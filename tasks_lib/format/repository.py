@@ -198,7 +198,7 @@ def instance_dockerfile(environment: RepositoryEnvironment) -> str:
         "COPY . /workspace/",
         *(f"RUN {command}" for command in environment.pre_install),
         f"RUN {environment.install}",
-        # build_layer's Dockerfile rides in the context: not a file of the repository.
+        # ensure_layer's Dockerfile rides in the context: not a file of the repository.
         "RUN rm -f /workspace/.rollyard.Dockerfile && chown -R 1000:1000 /workspace",
     ]
     return "\n".join(lines) + "\n"

@@ -57,11 +57,12 @@ def test_daemons_do_not_outlive_the_command(engine: None, tmp_path: Path) -> Non
 
 def test_layers_are_keyed_by_what_built_them(engine: None, tmp_path: Path) -> None:
     from sandboxes.docker import DockerSandbox
-    from sandboxes.docker_images import base_image, build_layer, harbor_task_image
+    from sandboxes.docker_images import base_image, ensure_layer, harbor_task_image
 
-    family = build_layer(base_image(), "FROM scratch\nRUN echo family > /opt/family.txt\n")
-    assert build_layer(base_image(), "FROM scratch\nRUN echo family > /opt/family.txt\n") == family
-    assert build_layer(base_image(), "FROM x\nRUN echo other > /opt/family.txt\n") != family
+    family = ensure_layer(base_image(), "FROM scratch\nRUN echo family > /opt/family.txt\n").tag
+    again = ensure_layer(base_image(), "FROM scratch\nRUN echo family > /opt/family.txt\n")
+    assert again.tag == family and not again.built
+    assert ensure_layer(base_image(), "FROM x\nRUN echo other > /opt/family.txt\n").tag != family
     env = tmp_path / "environment"
     env.mkdir()
     (env / "marker.txt").write_text("from the task's Dockerfile\n")
