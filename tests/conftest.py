@@ -51,6 +51,19 @@ def private_sandbox_root() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session")
+def engine() -> None:
+    """The docker engine the docker-marked tests run on: the test is skipped, with the reason,
+    when no engine answers (`infra/docker/start-engine.sh` starts one)."""
+    from sandboxes.docker_images import base_image, image_id, shared_client
+    from sandboxes.errors import SandboxUnavailableError
+
+    try:
+        image_id(shared_client(), base_image())
+    except SandboxUnavailableError as error:
+        pytest.skip(str(error))
+
+
+@pytest.fixture(scope="session")
 def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     from flows.runtime import prefect_api
 

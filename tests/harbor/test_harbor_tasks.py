@@ -187,17 +187,6 @@ def test_rollyard_train_runs_the_runnable_fixtures_and_names_the_refused(
             assert row["status"] == "ok" and row["reward"] in (0.0, 1.0), row
 
 
-@pytest.fixture(scope="module")
-def engine() -> None:
-    from sandboxes.docker_images import base_image, image_id, shared_client
-    from sandboxes.errors import SandboxUnavailableError
-
-    try:
-        image_id(shared_client(), base_image())
-    except SandboxUnavailableError as error:
-        pytest.skip(str(error))
-
-
 @pytest.mark.docker
 @pytest.mark.parametrize("name", sorted(CONTAINER))
 def test_own_image_task_passes_the_oracle_check_on_docker(

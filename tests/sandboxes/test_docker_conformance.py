@@ -13,18 +13,6 @@ from tests.sandboxes.test_conformance import OpenBackend, SandboxConformance, ma
 pytestmark = pytest.mark.docker
 
 
-@pytest.fixture(scope="module")
-def engine() -> None:
-    from sandboxes.errors import SandboxUnavailableError
-
-    try:
-        from sandboxes.docker_images import base_image, image_id, shared_client
-
-        image_id(shared_client(), base_image())
-    except SandboxUnavailableError as error:
-        pytest.skip(str(error))
-
-
 class TestDockerConformance(SandboxConformance):
     @pytest.fixture
     def open_backend(self, engine: None) -> OpenBackend:

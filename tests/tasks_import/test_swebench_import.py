@@ -256,18 +256,6 @@ def test_spec_problems_are_row_errors(clone: Clone, tmp_path: Path) -> None:
     assert not (tmp_path / "tasks" / "acme__geometry-1").exists()
 
 
-@pytest.fixture(scope="module")
-def engine() -> None:
-    from sandboxes.errors import SandboxUnavailableError
-
-    try:
-        from sandboxes.docker_images import base_image, image_id, shared_client
-
-        image_id(shared_client(), base_image())
-    except SandboxUnavailableError as error:
-        pytest.skip(str(error))
-
-
 @pytest.mark.docker
 @pytest.mark.timeout(1500)  # three instance images, each pip-installing from PyPI
 def test_instances_are_built_in_keyed_layers_and_admitted_by_their_gold_patch(
