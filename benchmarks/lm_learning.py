@@ -206,6 +206,13 @@ def main() -> None:
     parser.add_argument("--minibatches", type=int, default=2, help="optimizer steps per pass")
     parser.add_argument("--kl-coef", type=float, default=0.0)
     parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.7,
+        help="sampling temperature of every rollout (the trainer recomputes log-probabilities "
+        "at the same temperature)",
+    )
     args = parser.parse_args()
     if args.warm_pass is not None and args.warm_start is None:
         parser.error("--warm-pass is the held-out pass rate of a --warm-start DIR; give both")
@@ -219,7 +226,7 @@ def main() -> None:
     train_tasks = write_tasks(root, "train", args.family, range(args.train_tasks))
     held_tasks = write_tasks(root, "held-out", args.family, range(500, 500 + args.held_out_tasks))
     warm_tasks = write_tasks(root, "warm", args.family, range(1000, 1000 + args.warm_tasks))
-    sampling = ChatSampling(temperature=1.0, max_tokens=args.max_tokens)
+    sampling = ChatSampling(temperature=args.temperature, max_tokens=args.max_tokens)
     if args.warm_start is None:
         base = build_base(root, args.hidden_size, args.layers, args.tool_declarations)
         sft = warm_start(root, base, warm_tasks, args)

@@ -87,6 +87,8 @@ def test_a_flags_task_passes_only_with_the_instructed_flag_flipped(
     assert task.instruction.startswith(
         f"Set `{plan.target}` in `app/settings.py` to {plan.right_value}."
     )
+    # the one value the instruction states is the one asked for
+    assert str(plan.wrong_value) not in task.instruction
     assert (task.snapshot_dir / "app/settings.py").read_text() == _file_of(
         plan, **{plan.target: plan.wrong_value}
     )["app/settings.py"].decode()

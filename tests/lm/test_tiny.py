@@ -25,6 +25,7 @@ from training.lm.tiny import (
     Transcript,
     build_tiny_model,
     context_dependent_tokens,
+    phase_lr_factor,
     tool_call_transcripts,
     transcript_token_ids,
 )
@@ -212,6 +213,16 @@ def test_context_dependent_tokens_are_those_only_the_prompt_decides(
         # is the flag's name (what follows it, the reply itself then decides).
         assert texts in (["raw"], ["copy"])
     assert context_dependent_tokens(encoded[:1]) == [[False] * len(encoded[0][0])]
+
+
+def test_each_fine_tune_phase_warms_up_and_decays_on_its_own() -> None:
+    two_phases = [phase_lr_factor(step, 40, 20) for step in range(40)]
+    # the second phase starts again from a tenth of the rate, not from where the first ended
+    assert two_phases[0] == two_phases[20] == pytest.approx(0.1)
+    assert two_phases[:20] == two_phases[20:]  # two phases of 20 steps: one shape twice
+    assert two_phases[19] < 0.01 and two_phases[39] < 0.01
+    one_phase = [phase_lr_factor(step, 40, 0) for step in range(40)]
+    assert one_phase[0] == pytest.approx(0.1) and one_phase[20] == pytest.approx(0.5)
 
 
 def test_build_refuses_a_non_empty_directory(tmp_path: Path) -> None:

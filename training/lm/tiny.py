@@ -592,9 +592,8 @@ def _fine_tune_steps(
             labels[row, : len(ids)] = torch.where(
                 torch.tensor(trained), tensor, torch.full_like(tensor, -100)
             )
-        scale = 0.5 * (1 + math.cos(math.pi * step / steps))
         for group in optimizer.param_groups:
-            group["lr"] = learning_rate * min(1.0, (step + 1) / 10) * scale
+            group["lr"] = learning_rate * phase_lr_factor(step, steps, context_first_steps)
         loss = _assistant_token_loss(model, input_ids, attention, labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]
@@ -603,6 +602,21 @@ def _fine_tune_steps(
         losses.append(float(loss.detach()))
     model.eval()
     return losses
+
+
+def phase_lr_factor(step: int, steps: int, context_first_steps: int) -> float:
+    """The learning rate's factor at `step` of a fine-tune: each phase (the context-first steps,
+    then the rest) warms up over 10 steps and decays on a cosine of its own. With one cosine
+    over both, the second phase, which starts on tokens never trained, ran at a fraction of the
+    rate and ended far from converged (`flags`, 200 of 400 steps context-first: loss 0.13 at
+    the end; 300 of 600 with a schedule per phase: under 0.001)."""
+    start, length = (
+        (0, context_first_steps)
+        if step < context_first_steps
+        else (context_first_steps, steps - context_first_steps)
+    )
+    local = step - start
+    return min(1.0, (local + 1) / 10) * 0.5 * (1 + math.cos(math.pi * local / length))
 
 
 def context_dependent_tokens(

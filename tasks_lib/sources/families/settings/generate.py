@@ -131,9 +131,13 @@ def _test_module(plan: SettingsTaskPlan) -> str:
 
 
 def _instruction(plan: SettingsTaskPlan) -> str:
+    # A flag's current value goes unsaid: it is the opposite of the value asked for, and saying
+    # it puts both `True` and `False` in the instruction, which the tiny models read as a coin
+    # toss between them.
+    current = "" if plan.family == FLAGS_FAMILY else f"It is {plan.wrong_value} now. "
     return (
         f"Set `{plan.target}` in `{plan.package}/settings.py` to {plan.right_value}. "
-        f"It is {plan.wrong_value} now. Keep the other settings. Tests: `{TEST_COMMAND}`.\n"
+        f"{current}Keep the other settings. Tests: `{TEST_COMMAND}`.\n"
     )
 
 
