@@ -132,8 +132,8 @@ def _test_module(plan: SettingsTaskPlan) -> str:
 
 def _instruction(plan: SettingsTaskPlan) -> str:
     # A flag's current value goes unsaid: it is the opposite of the value asked for, and saying
-    # it puts both `True` and `False` in the instruction, which the tiny models read as a coin
-    # toss between them.
+    # it would put both `True` and `False` in the instruction, to be told apart by position
+    # alone. The file shows it too.
     current = "" if plan.family == FLAGS_FAMILY else f"It is {plan.wrong_value} now. "
     return (
         f"Set `{plan.target}` in `{plan.package}/settings.py` to {plan.right_value}. "
