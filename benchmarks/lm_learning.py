@@ -74,6 +74,7 @@ def warm_start(root: Path, base: Path, warm_tasks: Path, args: argparse.Namespac
         "--steps", str(args.sft_steps), "--batch-size", str(args.sft_batch_size),
         "--learning-rate", str(args.sft_learning_rate), "--store", str(root / "sft-store"),
         "--context-first-steps", str(args.sft_context_first_steps),
+        "--context-first-learning-rate", str(args.sft_context_first_learning_rate),
     ]  # fmt: skip
     finished = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if finished.returncode != 0:
@@ -177,31 +178,37 @@ def main() -> None:
         "(same held-out tasks and samples), instead of measuring it again",
     )
     parser.add_argument("--work", type=Path, required=True, help="a new directory")
-    parser.add_argument("--iterations", type=int, default=6)
-    parser.add_argument("--tasks-per-iteration", type=int, default=6)
+    parser.add_argument("--iterations", type=int, default=8)
+    parser.add_argument("--tasks-per-iteration", type=int, default=12)
     parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--train-tasks", type=int, default=12)
+    parser.add_argument("--train-tasks", type=int, default=32)
     parser.add_argument("--warm-tasks", type=int, default=300)
     parser.add_argument("--held-out-tasks", type=int, default=16)
     parser.add_argument("--held-out-samples", type=int, default=2)
     parser.add_argument("--hidden-size", type=int, default=128)
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--sft-steps", type=int, default=400)
+    parser.add_argument("--sft-steps", type=int, default=550)
     parser.add_argument("--sft-batch-size", type=int, default=16)
-    parser.add_argument("--sft-learning-rate", type=float, default=3e-3)
+    parser.add_argument(
+        "--sft-learning-rate",
+        type=float,
+        default=1e-3,
+        help="peak learning rate of the steps on every token",
+    )
     parser.add_argument(
         "--sft-context-first-steps",
         type=int,
-        default=200,
+        default=300,
         help="of --sft-steps, those that train only the reply tokens read from the prompt",
     )
+    parser.add_argument("--sft-context-first-learning-rate", type=float, default=3e-3)
     parser.add_argument(
         "--tool-declarations",
         choices=("schemas", "signatures"),
         default="signatures",
         help="how the tiny model's chat template declares the tools",
     )
-    parser.add_argument("--learning-rate", type=float, default=5e-4)
+    parser.add_argument("--learning-rate", type=float, default=1e-4)
     parser.add_argument("--epochs", type=int, default=2, help="passes of the GRPO update per batch")
     parser.add_argument("--minibatches", type=int, default=2, help="optimizer steps per pass")
     parser.add_argument("--kl-coef", type=float, default=0.0)
@@ -209,7 +216,7 @@ def main() -> None:
     parser.add_argument(
         "--temperature",
         type=float,
-        default=0.7,
+        default=1.0,
         help="sampling temperature of every rollout (the trainer recomputes log-probabilities "
         "at the same temperature)",
     )

@@ -56,6 +56,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "for a model with no pretraining, which otherwise settles on the replies' fixed tokens",
     )
     parser.add_argument(
+        "--context-first-learning-rate",
+        type=positive_float_up_to(1.0),
+        default=None,
+        help="peak learning rate of the --context-first-steps (default: --learning-rate); a "
+        "lower --learning-rate for the steps on every token keeps what the first ones learnt",
+    )
+    parser.add_argument(
         "--seed", type=seed, default=0, help="seed of the transcripts' order and the replays"
     )
     parser.add_argument(
@@ -86,6 +93,7 @@ def sft_command(args: argparse.Namespace) -> int:
             learning_rate=args.learning_rate,
             seed=args.seed,
             context_first_steps=args.context_first_steps,
+            context_first_learning_rate=args.context_first_learning_rate,
         ),
         run_tests=not args.no_test_run,
     )

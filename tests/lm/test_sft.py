@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from tasks_lib import load_task
 from tasks_lib.sources.families.settings import generate_settings_tasks, plan_settings_task
 from training.actions import EditFile
-from training.lm.sft import edit_actions, reference_transcripts
+from training.errors import TrainingSettingsError
+from training.lm.sft import SFTSettings, edit_actions, reference_transcripts
 from training.lm.tiny import TinyModelSize, build_tiny_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -51,6 +52,20 @@ def test_an_edit_grows_until_its_text_is_unique() -> None:
     (edit,) = edit_actions("f.py", old, "x = 1\ny = 2\nx = 5\nz = 3\n")
     assert isinstance(edit, EditFile) and old.count(edit.old_text) == 1
     assert apply(old, [edit]) == "x = 1\ny = 2\nx = 5\nz = 3\n"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"context_first_steps": 4},
+        {"context_first_learning_rate": 0.0},
+        {"context_first_learning_rate": -1e-3},
+        {"learning_rate": 0.0},
+    ],
+)
+def test_sft_settings_refuse_a_phase_that_cannot_run(bad: dict[str, float]) -> None:
+    with pytest.raises(TrainingSettingsError):
+        SFTSettings(steps=4, batch_size=2, **bad)  # type: ignore[arg-type]
 
 
 @pytest.mark.slow  # two replays and their verifications in bwrap: ~1 min on 2 busy cores
@@ -100,6 +115,8 @@ def test_the_sft_command_writes_a_model_the_hf_policy_loads(tmp_path: Path) -> N
             "4",
             "--context-first-steps",
             "2",
+            "--context-first-learning-rate",
+            "3e-3",
             "--no-test-run",
             "--store",
             str(tmp_path / "store"),

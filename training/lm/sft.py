@@ -52,11 +52,19 @@ class SFTSettings:
     context_first_steps: int = 0
     """Of `steps`, how many first train only the reply tokens read from the prompt or the tool
     results (`training.lm.tiny.context_dependent_tokens`): for a model with no pretraining."""
+    context_first_learning_rate: float | None = None
+    """The peak learning rate of those first steps; None: `learning_rate`."""
 
     def __post_init__(self) -> None:
-        if self.steps < 1 or self.batch_size < 1 or not self.learning_rate > 0:
+        first_rate = self.context_first_learning_rate
+        if (
+            self.steps < 1
+            or self.batch_size < 1
+            or not self.learning_rate > 0
+            or not (first_rate is None or first_rate > 0)
+        ):
             raise TrainingSettingsError(
-                f"sft needs steps >= 1, batch_size >= 1 and learning_rate > 0; got {self}"
+                f"sft needs steps >= 1, batch_size >= 1 and learning rates > 0; got {self}"
             )
         if not 0 <= self.context_first_steps < self.steps:
             raise TrainingSettingsError(
@@ -232,6 +240,7 @@ def fine_tune(
             seed=settings.seed,
             threads=None,
             context_first_steps=settings.context_first_steps,
+            context_first_learning_rate=settings.context_first_learning_rate,
         )
 
     def write(directory: Path) -> None:

@@ -513,6 +513,7 @@ def fine_tune_on_transcripts(
     seed: int,
     threads: int | None = 1,
     context_first_steps: int = 0,
+    context_first_learning_rate: float | None = None,
 ) -> list[float]:
     """Supervised fine-tune on the assistant tokens of `transcripts` (AdamW, 10-step warm-up,
     cosine decay) for exactly `steps` steps; returns the loss of every step. The result depends
@@ -540,6 +541,7 @@ def fine_tune_on_transcripts(
             learning_rate=learning_rate,
             seed=seed,
             context_first_steps=context_first_steps,
+            context_first_learning_rate=context_first_learning_rate or learning_rate,
         )
     finally:
         torch.set_num_threads(threads_before)
@@ -555,6 +557,7 @@ def _fine_tune_steps(
     learning_rate: float,
     seed: int,
     context_first_steps: int,
+    context_first_learning_rate: float,
 ) -> list[float]:
     encoded = [transcript_token_ids(tokenizer, transcript) for transcript in transcripts]
     # Transcripts with no context-dependent token sit the first phase out; if none has one (a
@@ -593,7 +596,8 @@ def _fine_tune_steps(
                 torch.tensor(trained), tensor, torch.full_like(tensor, -100)
             )
         for group in optimizer.param_groups:
-            group["lr"] = learning_rate * phase_lr_factor(step, steps, context_first_steps)
+            peak = context_first_learning_rate if step < context_first_steps else learning_rate
+            group["lr"] = peak * phase_lr_factor(step, steps, context_first_steps)
         loss = _assistant_token_loss(model, input_ids, attention, labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]
