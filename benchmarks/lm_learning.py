@@ -75,6 +75,7 @@ def warm_start(root: Path, base: Path, warm_tasks: Path, args: argparse.Namespac
         "--learning-rate", str(args.sft_learning_rate), "--store", str(root / "sft-store"),
         "--context-first-steps", str(args.sft_context_first_steps),
         "--context-first-learning-rate", str(args.sft_context_first_learning_rate),
+        "--threads", "1",
     ]  # fmt: skip
     finished = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if finished.returncode != 0:

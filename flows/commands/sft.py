@@ -63,6 +63,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "lower --learning-rate for the steps on every token keeps what the first ones learnt",
     )
     parser.add_argument(
+        "--threads",
+        type=int_between(1, 1024),
+        default=None,
+        help="torch threads of the fine-tune (default: torch's own count); a fixed count "
+        "repeats a run bit for bit",
+    )
+    parser.add_argument(
         "--seed", type=seed, default=0, help="seed of the transcripts' order and the replays"
     )
     parser.add_argument(
@@ -94,6 +101,7 @@ def sft_command(args: argparse.Namespace) -> int:
             seed=args.seed,
             context_first_steps=args.context_first_steps,
             context_first_learning_rate=args.context_first_learning_rate,
+            threads=args.threads,
         ),
         run_tests=not args.no_test_run,
     )

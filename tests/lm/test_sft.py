@@ -61,6 +61,7 @@ def test_an_edit_grows_until_its_text_is_unique() -> None:
         {"context_first_learning_rate": 0.0},
         {"context_first_learning_rate": -1e-3},
         {"learning_rate": 0.0},
+        {"threads": 0},
     ],
 )
 def test_sft_settings_refuse_a_phase_that_cannot_run(bad: dict[str, float]) -> None:

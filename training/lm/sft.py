@@ -54,6 +54,10 @@ class SFTSettings:
     results (`training.lm.tiny.context_dependent_tokens`): for a model with no pretraining."""
     context_first_learning_rate: float | None = None
     """The peak learning rate of those first steps; None: `learning_rate`."""
+    threads: int | None = None
+    """torch's threads for the fine-tune; None: torch's own count. A fixed count makes a run
+    repeat bit for bit on any machine (thread counts change the order of floating-point sums,
+    and a tiny model's context-first phase can learn the lookup or miss it on that alone)."""
 
     def __post_init__(self) -> None:
         first_rate = self.context_first_learning_rate
@@ -62,9 +66,11 @@ class SFTSettings:
             or self.batch_size < 1
             or not self.learning_rate > 0
             or not (first_rate is None or first_rate > 0)
+            or not (self.threads is None or self.threads >= 1)
         ):
             raise TrainingSettingsError(
-                f"sft needs steps >= 1, batch_size >= 1 and learning rates > 0; got {self}"
+                f"sft needs steps >= 1, batch_size >= 1, learning rates > 0 and threads >= 1; "
+                f"got {self}"
             )
         if not 0 <= self.context_first_steps < self.steps:
             raise TrainingSettingsError(
@@ -238,7 +244,7 @@ def fine_tune(
             batch_size=settings.batch_size,
             learning_rate=settings.learning_rate,
             seed=settings.seed,
-            threads=None,
+            threads=settings.threads,
             context_first_steps=settings.context_first_steps,
             context_first_learning_rate=settings.context_first_learning_rate,
         )
