@@ -127,7 +127,7 @@ def train_seed(
             learning_rate=args.learning_rate,
             epochs=args.epochs,
             minibatches=args.minibatches,
-            loss_aggregation="token",
+            loss_aggregation=args.loss_aggregation,
             kl_coef=args.kl_coef,
             seed=seed,
         ),
@@ -209,10 +209,16 @@ def main() -> None:
         default="signatures",
         help="how the tiny model's chat template declares the tools",
     )
-    parser.add_argument("--learning-rate", type=float, default=1e-4)
+    parser.add_argument("--learning-rate", type=float, default=2e-5)
     parser.add_argument("--epochs", type=int, default=2, help="passes of the GRPO update per batch")
     parser.add_argument("--minibatches", type=int, default=2, help="optimizer steps per pass")
     parser.add_argument("--kl-coef", type=float, default=0.0)
+    parser.add_argument(
+        "--loss-aggregation",
+        choices=("token", "sequence"),
+        default="token",
+        help="token: every trained token weighs the same; sequence: every episode does",
+    )
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument(
         "--temperature",
