@@ -57,7 +57,8 @@ class SFTSettings:
     threads: int | None = None
     """torch's threads for the fine-tune; None: torch's own count. A fixed count makes a run
     repeat bit for bit on any machine (thread counts change the order of floating-point sums,
-    and a tiny model's context-first phase can learn the lookup or miss it on that alone)."""
+    and a tiny model's context-first phase leaves its plateau or not on details as small as the
+    order of its transcripts)."""
 
     def __post_init__(self) -> None:
         first_rate = self.context_first_learning_rate
