@@ -202,7 +202,7 @@ def main() -> None:
         default=300,
         help="of --sft-steps, those that train only the reply tokens read from the prompt",
     )
-    parser.add_argument("--sft-context-first-learning-rate", type=float, default=3e-3)
+    parser.add_argument("--sft-context-first-learning-rate", type=float, default=1e-3)
     parser.add_argument(
         "--tool-declarations",
         choices=("schemas", "signatures"),

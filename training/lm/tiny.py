@@ -527,10 +527,10 @@ def fine_tune_on_transcripts(
     attention settles on them. Measured on the `flags` family (1.26 M parameters, batch 16):
     600 steps on every token left the flag name at chance on held-out transcripts; 100
     context-first steps put it at 88-100% and left the flag's value at chance; 300 can learn
-    both (a plateau that a run leaves or not: one transcript order did by step 100, another not
-    in 300). The steps on every token then undo the value at the first phase's rate (3e-3) and
-    keep it at a third of it (`context_first_learning_rate` apart from `learning_rate`;
-    `benchmarks/README.md`, "Language-model learning")."""
+    both (a plateau: at a peak rate of 3e-3 one transcript order left it by step 100, another
+    not in 300; at 1e-3 both did by step ~100). The steps on every token then undo the value
+    at 3e-3 and keep it at 1e-3 (`context_first_learning_rate` sets the first phase's rate
+    apart from `learning_rate`; `benchmarks/README.md`, "Language-model learning")."""
     threads_before = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
