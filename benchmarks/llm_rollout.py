@@ -4,7 +4,8 @@ here by `python -m training.lm.server` and against the same server answering 200
 (`--extra-latency-ms 200`, standing for a remote GPU server, where latency dominates); and the
 request-side overhead per turn of rollyard's `openai:` client against a bare `httpx` loop
 sending the very same request bodies (against the server without added latency, where the
-client's own cost weighs most).
+client's own cost weighs most). `--cases hf`: the same model in-process (`hf:`), 1 vs 8 in
+flight, whose requests the policy's batcher runs as shared forward passes.
 
     python benchmarks/llm_rollout.py [--tasks 4] [--samples 4] [--max-steps 4]
 
@@ -94,25 +95,38 @@ def _own_cpu_s() -> float:
 
 
 def episodes_per_s(
-    server: Server, task_dirs: list[Path], store: Path, *, run_id: str, in_flight: int, args: Any
+    server: Server | None,
+    task_dirs: list[Path],
+    store: Path,
+    *,
+    run_id: str,
+    in_flight: int,
+    args: Any,
+    model_dir: Path | None = None,
 ) -> dict[str, float]:
     """One shard of every task x `samples`, `in_flight` episodes at once, with where the time
     went: CPU seconds per episode of the server and of this process (the episode threads and
     the client), and the longest episode against the mean (with
-    every episode in one wave, the shard lasts as long as its longest episode)."""
+    every episode in one wave, the shard lasts as long as its longest episode). Without a
+    server the policy is `hf:model_dir`, generating in this process."""
     import httpx
 
     from sandboxes import Limits, SandboxPool
     from training.episode import EpisodeConfig
     from training.lm.conversation import ChatSampling
+    from training.lm.hf_policy import HFPolicy
     from training.lm.spec import policy_from_spec
     from training.rollout import plan_iteration, rollout_shard_and_commit
 
-    base_url = server.base_url
-    policy = policy_from_spec(
-        f"openai:{base_url}#{SERVED_MODEL_NAME}",
-        sampling=ChatSampling(temperature=0.5, max_tokens=args.max_tokens),
-    )
+    policy: Any
+    sampling = ChatSampling(temperature=0.5, max_tokens=args.max_tokens)
+    if server is None:
+        policy = HFPolicy(str(model_dir), sampling=sampling)
+        policy.generator()  # loaded before the clock starts, as the server's model is
+    else:
+        policy = policy_from_spec(
+            f"openai:{server.base_url}#{SERVED_MODEL_NAME}", sampling=sampling
+        )
     (request,) = plan_iteration(
         task_dirs,
         run_id=run_id,
@@ -124,16 +138,17 @@ def episodes_per_s(
         episode_config=EpisodeConfig(max_steps=args.max_steps),
         max_concurrent_requests=in_flight,
     )
-    batches_before = httpx.get(f"{base_url.removesuffix('/v1')}/stats").json()
-    server_cpu_before = _process_cpu_s(server.process.pid)
+    stats_url = None if server is None else f"{server.base_url.removesuffix('/v1')}/stats"
+    batches_before = httpx.get(stats_url).json() if stats_url else _batches_of(policy)
+    server_cpu_before = _process_cpu_s(server.process.pid) if server else 0.0
     own_before = _own_cpu_s()
     started = time.monotonic()
     with SandboxPool(limits=Limits(), max_idle_per_snapshot=in_flight) as pool:
         outcome = rollout_shard_and_commit(request, store, pool=pool)
     wall_s = time.monotonic() - started
     own_after = _own_cpu_s()
-    server_cpu_s = _process_cpu_s(server.process.pid) - server_cpu_before
-    batches_after = httpx.get(f"{base_url.removesuffix('/v1')}/stats").json()
+    server_cpu_s = _process_cpu_s(server.process.pid) - server_cpu_before if server else 0.0
+    batches_after = httpx.get(stats_url).json() if stats_url else _batches_of(policy)
     trajectories = outcome.trajectories
     count = len(trajectories)
     turns = sum(len({s.turn_index for s in t.steps}) for t in trajectories)
@@ -155,6 +170,12 @@ def episodes_per_s(
         "rollout_process_cpu_s_per_episode": (own_after - own_before) / count,
         "mean_server_batch": generations / batches if batches else 0.0,
     }
+
+
+def _batches_of(policy: Any) -> dict[str, int]:
+    """The `hf:` policy's batcher counted as the server's `/stats` counts its batches."""
+    sizes = policy.batcher().batch_sizes
+    return {"batches": len(sizes), "generations": sum(sizes)}
 
 
 def client_overhead(base_url: str, turns: int) -> dict[str, float]:
@@ -190,6 +211,26 @@ def client_overhead(base_url: str, turns: int) -> dict[str, float]:
     return {"rollyard_s_per_turn": rollyard, "httpx_s_per_turn": plain, "ratio": rollyard / plain}
 
 
+def in_process(model_dir: Path, task_dirs: list[Path], work: Path, args: Any) -> dict[str, Any]:
+    """The `hf:` policy generating in the shard's own process: 1 vs 8 episodes in flight, whose
+    requests its batcher groups into shared forward passes."""
+    measured = {}
+    for in_flight in (1, 8):
+        measured[in_flight] = episodes_per_s(
+            None,
+            task_dirs,
+            work / f"store-hf-{in_flight}",
+            run_id="bench-hf",
+            in_flight=in_flight,
+            args=args,
+            model_dir=model_dir,
+        )
+        print("hf", in_flight, json.dumps(measured[in_flight]), flush=True)
+    speedup = measured[8]["episodes_per_s"] / measured[1]["episodes_per_s"]
+    print(f"hf: 8 in flight / 1 = {speedup:.2f}x (load {load_average()})", flush=True)
+    return {"1": measured[1], "8": measured[8], "speedup": speedup}
+
+
 def load_average() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
@@ -201,7 +242,9 @@ def main() -> int:
     parser.add_argument("--max-steps", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--overhead-turns", type=int, default=30)
-    parser.add_argument("--cases", default="tiny,latency", help="comma-separated: tiny, latency")
+    parser.add_argument(
+        "--cases", default="tiny,latency,hf", help="comma-separated: tiny, latency, hf"
+    )
     parser.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "rollyard-test-cache"))
     args = parser.parse_args()
 
@@ -215,6 +258,9 @@ def main() -> int:
     results: dict[str, Any] = {"load_before": load_average()}
     cases = {"tiny": 0.0, "latency": 200.0}
     for case in args.cases.split(","):
+        if case == "hf":
+            results["hf"] = in_process(model_dir, task_dirs, work, args)
+            continue
         server = Server(model_dir, cases[case], work / f"server-{case}.log")
         try:
             measured = {}

@@ -24,7 +24,7 @@ from training.lm.conversation import (
 )
 
 if TYPE_CHECKING:
-    from training.lm.generate import Completion, LocalGenerator
+    from training.lm.generate import BatchingGenerator, Completion, LocalGenerator
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin")
 
@@ -71,6 +71,31 @@ def _load_generator(model_dir: str, digest: str) -> LocalGenerator:
     return LocalGenerator.from_pretrained(model_dir)
 
 
+_BATCHERS: dict[tuple[str, str], BatchingGenerator] = {}
+_BATCHERS_KEPT = 2
+"""Model versions with a live batcher per process: the current one and, in async mode, the one
+before it."""
+
+
+def _batcher(model_dir: str, digest: str) -> BatchingGenerator:
+    """The process's batcher for one model version: the episodes a shard keeps in flight
+    (`max_concurrent_requests`) share its forward passes. A model generating one sequence at a
+    time is bound by per-token overhead, not arithmetic (`benchmarks/llm_rollout.py --cases hf`).
+    Rows keep their own seeds: a reply does not depend on what else is in its batch."""
+    from training.lm.generate import BatchingGenerator
+
+    with _LOADING:
+        key = (model_dir, digest)
+        batcher = _BATCHERS.get(key)
+        if batcher is None:
+            batcher = BatchingGenerator(_load_generator(model_dir, digest))
+            _BATCHERS[key] = batcher
+            while len(_BATCHERS) > _BATCHERS_KEPT:
+                oldest = next(iter(_BATCHERS))
+                _BATCHERS.pop(oldest).close()  # finishes what is queued, then stops
+        return batcher
+
+
 class HFPolicy(ChatPolicy):
     """Acts with a transformers causal LM loaded from a directory, in this process."""
 
@@ -97,6 +122,9 @@ class HFPolicy(ChatPolicy):
     def generator(self) -> LocalGenerator:
         return _generator(str(Path(self.model_dir).resolve()), weights_digest(self.model_dir))
 
+    def batcher(self) -> BatchingGenerator:
+        return _batcher(str(Path(self.model_dir).resolve()), weights_digest(self.model_dir))
+
     def complete(self, messages: list[dict[str, Any]], *, seed: int | None) -> ChatTurn:
         from training.errors import ContextLengthError
         from training.lm.generate import SamplingParams as GenerationSampling
@@ -122,8 +150,8 @@ class HFPolicy(ChatPolicy):
             max_tokens=max_tokens,
             seed=seed,
         )
-        (completion,) = generator.generate_batch(
-            [generator.prompt_from_token_ids(prompt_ids, sampling)]
+        completion = (
+            self.batcher().submit(generator.prompt_from_token_ids(prompt_ids, sampling)).result()
         )
         return ChatTurn(
             model=self.model_name,
