@@ -129,8 +129,11 @@ def train_seed(
             minibatches=args.minibatches,
             loss_aggregation=args.loss_aggregation,
             kl_coef=args.kl_coef,
+            negative_advantage_scale=args.negative_advantage_scale,
+            min_reinforced_prob=args.min_reinforced_prob,
             seed=seed,
         ),
+        max_concurrent_requests=args.in_flight,
         sampling=sampling,
         iterations=args.iterations,
         tasks_per_iteration=args.tasks_per_iteration,
@@ -213,6 +216,24 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2, help="passes of the GRPO update per batch")
     parser.add_argument("--minibatches", type=int, default=2, help="optimizer steps per pass")
     parser.add_argument("--kl-coef", type=float, default=0.0)
+    parser.add_argument(
+        "--negative-advantage-scale",
+        type=float,
+        default=1.0,
+        help="1: GRPO; 0: only the better episodes of a group are reinforced",
+    )
+    parser.add_argument(
+        "--min-reinforced-prob",
+        type=float,
+        default=0.0,
+        help="sampled tokens below this probability take no positive advantage",
+    )
+    parser.add_argument(
+        "--in-flight",
+        type=int,
+        default=4,
+        help="episodes a shard keeps in flight (the hf: policy batches their forward passes)",
+    )
     parser.add_argument(
         "--loss-aggregation",
         choices=("token", "sequence"),

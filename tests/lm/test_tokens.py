@@ -3,6 +3,7 @@ either way the sampled ids and only those carry the loss."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -45,3 +46,16 @@ def test_turns_whose_prompt_drifted_stay_apart() -> None:
     assert (one.input_ids, one.loss_mask) == ((1, 2, 3, 4), (False, False, True, True))
     assert (two.input_ids, two.loss_mask) == ((1, 2, 3, 5, 9, 7), (False,) * 5 + (True,))
     assert two.sampler_logprobs[-1] == -0.3
+
+
+def test_a_turn_left_out_of_the_loss_stays_as_context() -> None:
+    first = TurnTokens((1, 2), (3, 4), (-0.1, -0.2))
+    second = TurnTokens((1, 2, 3, 4, 8), (6,), (-0.3,))
+    (merged,) = training_sequences([first, second], [False, True])
+    assert merged.input_ids == (1, 2, 3, 4, 8, 6)
+    assert merged.loss_mask == (False,) * 5 + (True,)
+    drifted = TurnTokens((1, 2, 3, 5, 9), (7,), (-0.3,))
+    (kept,) = training_sequences([first, drifted], [False, True])
+    assert (kept.input_ids, kept.loss_mask) == ((1, 2, 3, 5, 9, 7), (False,) * 5 + (True,))
+    with pytest.raises(ValueError, match="2 trained flags for 1 turns"):
+        training_sequences([first], [True, False])

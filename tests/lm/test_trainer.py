@@ -5,6 +5,7 @@ checkpoint → resume reproducing the next update bit for bit."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
@@ -13,15 +14,15 @@ import torch
 
 from storage import TrajectoryStore
 from tests.lm.sampled_episodes import batch_of, sampled_episode
-from training.actions import History
-from training.errors import TrainerError
+from training.actions import History, InvalidCall
+from training.errors import TrainerError, TrainingSettingsError
 from training.iteration import load_trainer
 from training.lm.conversation import ChatSampling
 from training.lm.generate import LocalGenerator, SamplingParams
 from training.lm.grpo_config import LMTrainerConfig, LoraSettings
 from training.lm.hf_policy import HFPolicy
 from training.lm.tiny import TinyModelSize, build_tiny_model
-from training.lm.token_loss import token_logprobs, token_weights, trained_samples
+from training.lm.token_loss import UpdateTotals, token_logprobs, token_weights, trained_samples
 from training.lm.trainer import LMTrainer
 from training.policy import ChatRecord
 
@@ -296,3 +297,78 @@ def test_an_iteration_records_throughput_and_resumes_with_the_trainer_its_spec_n
     assert resumed.policy.version == trainer.policy.version and resumed.updates == 1
     with pytest.raises(TrainingSettingsError, match="trained by the lm trainer"):
         restore_trainer(store, "lm", seed=0, resume=True, policy="builtin")
+
+
+def test_a_reply_without_a_usable_call_is_never_reinforced(generator: LocalGenerator) -> None:
+    (episode,) = batch_of(generator, {0: [1.0]})
+    malformed = dataclasses.replace(
+        episode,
+        steps=(
+            dataclasses.replace(
+                episode.steps[0], action=InvalidCall("", "</tool_call>", "no tool call")
+            ),
+            episode.steps[1],
+        ),
+    )
+    first, second = (step.record for step in malformed.steps)
+    assert isinstance(first, ChatRecord) and isinstance(second, ChatRecord)
+
+    # In a passing episode only the turn that acted trains; the malformed one stays context.
+    (passing,) = trained_samples([malformed], {malformed.episode_id: 1.0}, budget=4096)
+    trained = [passing.sequence.input_ids[p] for p in passing.trained_positions]
+    assert trained == list(second.completion_token_ids)
+    assert passing.sequence.input_ids[: len(first.prompt_token_ids)] == first.prompt_token_ids
+
+    # In a failing one it takes its share of the penalty.
+    (failing,) = trained_samples([malformed], {malformed.episode_id: -1.0}, budget=4096)
+    trained = [failing.sequence.input_ids[p] for p in failing.trained_positions]
+    assert trained == list(first.completion_token_ids + second.completion_token_ids)
+
+
+def gradient_of(trainer: LMTrainer, episode: Any, advantage: float) -> float:
+    """The gradient norm of one sample's loss under the trainer's config."""
+    samples = trained_samples([episode], {episode.episode_id: advantage}, 4096)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    trainer._accumulate(
+        samples, token_weights(samples, "token"), {}, UpdateTotals(), first_pass=True
+    )
+    grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
+    return float(torch.sqrt(sum((g * g).sum() for g in grads))) if grads else 0.0
+
+
+def test_negative_advantages_scale_to_nothing_when_asked(
+    model_dir: Path, generator: LocalGenerator, tmp_path: Path
+) -> None:
+    (episode,) = batch_of(generator, {0: [0.0]})
+    grpo = new_trainer(model_dir, tmp_path / "a")
+    better_only = new_trainer(model_dir, tmp_path / "b", negative_advantage_scale=0.0)
+    assert gradient_of(grpo, episode, -1.0) > 0
+    assert gradient_of(better_only, episode, -1.0) == 0.0
+    assert gradient_of(better_only, episode, 1.0) == gradient_of(grpo, episode, 1.0)
+
+
+def test_rare_tokens_take_no_positive_advantage_below_the_floor(
+    model_dir: Path, generator: LocalGenerator, tmp_path: Path
+) -> None:
+    (episode,) = batch_of(generator, {0: [1.0]})
+    (record, _) = (step.record for step in episode.steps)
+    assert isinstance(record, ChatRecord)
+    # A random model: every sampled token is far below probability 0.99.
+    assert max(record.completion_logprobs) < math.log(0.99)
+    floored = new_trainer(model_dir, tmp_path / "a", min_reinforced_prob=0.99)
+    assert gradient_of(floored, episode, 1.0) == 0.0
+    assert gradient_of(floored, episode, -1.0) > 0  # a penalty still lands on them
+    assert gradient_of(new_trainer(model_dir, tmp_path / "b"), episode, 1.0) > 0
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("negative_advantage_scale", -0.1),
+        ("negative_advantage_scale", 1.5),
+        ("min_reinforced_prob", 1.0),
+    ],
+)
+def test_advantage_shaping_values_out_of_range_are_refused(field: str, value: float) -> None:
+    with pytest.raises(TrainingSettingsError, match=field):
+        LMTrainerConfig(**{field: value})

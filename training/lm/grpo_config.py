@@ -50,6 +50,14 @@ class LMTrainerConfig:
     """Cap of the per-token weight π_old / π_sampler (truncated importance sampling), which
     corrects samples drawn by an older policy (async mode) or a drifting sampler. None turns
     the correction off."""
+    negative_advantage_scale: float = 1.0
+    """Multiplier of negative advantages: 1 is GRPO; 0 reinforces the group's better episodes
+    only and never pushes a sampled token down (filtered behaviour cloning, RAFT-like)."""
+    min_reinforced_prob: float = 0.0
+    """A sampled token of probability below this takes no positive advantage (it still takes
+    a negative one). A rare token weighs ~1 / its probability more in the gradient than a sure
+    one, so a few chance tokens of a passing episode (text after a tool call) can outweigh
+    every token that made it pass; 0 reinforces every token."""
     max_grad_norm: float = 1.0
     normalize_by_std: bool = True
     """Divide advantages by the group's std (GRPO); False: reward minus mean (Dr. GRPO)."""
@@ -77,6 +85,14 @@ class LMTrainerConfig:
             problems.append("max_tokens_per_microbatch must be >= 2")
         if self.max_importance_ratio is not None and self.max_importance_ratio < 1:
             problems.append("max_importance_ratio must be >= 1 (or None)")
+        if not 0 <= self.negative_advantage_scale <= 1:
+            problems.append(
+                f"negative_advantage_scale must be in [0, 1], got {self.negative_advantage_scale}"
+            )
+        if not 0 <= self.min_reinforced_prob < 1:
+            problems.append(
+                f"min_reinforced_prob must be in [0, 1), got {self.min_reinforced_prob}"
+            )
         if self.kl_coef < 0:
             problems.append("kl_coef must be >= 0")
         if problems:

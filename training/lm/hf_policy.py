@@ -4,6 +4,8 @@ The same conversation code as the `openai:` policy (`training.lm.conversation`),
 `training.lm.generate.LocalGenerator` instead of a server: exact prompt and completion ids and the
 sampler's logprobs come from the generator itself. The model loads once per process and model
 version; the version is the digest of the weight files, so a trained checkpoint is a new version.
+Episodes in flight on one worker (`max_concurrent_requests`) send their turns through one
+batcher per version, so their tokens are drawn in shared forward passes.
 """
 
 from __future__ import annotations

@@ -12,7 +12,12 @@ import torch
 
 from training.errors import TrainerError
 from training.lm.grpo_config import LossAggregation
-from training.lm.tokens import TrainingSequence, training_sequences, trajectory_turns
+from training.lm.tokens import (
+    TrainingSequence,
+    malformed_turns,
+    training_sequences,
+    trajectory_turns,
+)
 from training.trajectory import Trajectory
 
 
@@ -36,13 +41,18 @@ def trained_samples(
         if advantage is None:
             continue
         turns = trajectory_turns(trajectory)
+        # A reply without a usable tool call did nothing in the workspace: its episode's
+        # success is not its doing, so it is never reinforced (it still takes a penalty).
+        trained = (
+            [not malformed for malformed in malformed_turns(trajectory)] if advantage > 0 else None
+        )
         if not turns or not any(turn.completion_token_ids for turn in turns):
             raise TrainerError(
                 f"episode {trajectory.episode_id} (policy {trajectory.policy_version}) stores no "
                 "sampled token ids; the language-model trainer learns from token-in/token-out "
                 "episodes only (hf: policies, or a server that returns token ids)"
             )
-        for sequence in training_sequences(turns):
+        for sequence in training_sequences(turns, trained):
             if len(sequence.input_ids) > budget:
                 raise TrainerError(
                     f"episode {trajectory.episode_id} has a sequence of "

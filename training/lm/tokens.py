@@ -20,6 +20,7 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from training.actions import InvalidCall
 from training.policy import ChatRecord
 from training.trajectory import Trajectory
 
@@ -94,19 +95,42 @@ def _sequence(ids: tuple[int, ...], spans: Sequence[tuple[int, TurnTokens]]) -> 
     return TrainingSequence(ids, tuple(mask), tuple(logprobs))
 
 
-def training_sequences(turns: Sequence[TurnTokens]) -> list[TrainingSequence]:
-    """One sequence for the episode when the prefix property holds, else one per turn."""
+def training_sequences(
+    turns: Sequence[TurnTokens], trained: Sequence[bool] | None = None
+) -> list[TrainingSequence]:
+    """One sequence for the episode when the prefix property holds, else one per turn.
+    `trained[i]` False keeps turn i's completion out of the loss mask (it stays in the merged
+    sequence as context for the turns after it); None trains every turn."""
     if not turns:
         return []
+    keep = list(trained) if trained is not None else [True] * len(turns)
+    if len(keep) != len(turns):
+        raise ValueError(f"{len(keep)} trained flags for {len(turns)} turns")
     if extends_previous_turns(turns):
         last = turns[-1]
         ids = last.prompt_token_ids + last.completion_token_ids
-        spans = [(len(turn.prompt_token_ids), turn) for turn in turns]
+        spans = [
+            (len(turn.prompt_token_ids), turn) for turn, k in zip(turns, keep, strict=True) if k
+        ]
         return [_sequence(ids, spans)]
     return [
         _sequence(
             turn.prompt_token_ids + turn.completion_token_ids,
             [(len(turn.prompt_token_ids), turn)],
         )
-        for turn in turns
+        for turn, k in zip(turns, keep, strict=True)
+        if k
+    ]
+
+
+def malformed_turns(trajectory: Trajectory) -> list[bool]:
+    """Per turn of `trajectory_turns`, whether the reply held no usable tool call (every action
+    it made was an `InvalidCall`): a reply that changed nothing in the workspace."""
+    actions: dict[int, list[object]] = {}
+    for step in trajectory.steps:
+        actions.setdefault(step.turn_index, []).append(step.action)
+    return [
+        all(isinstance(action, InvalidCall) for action in actions[step.turn_index])
+        for step in trajectory.steps
+        if isinstance(step.record, ChatRecord)
     ]

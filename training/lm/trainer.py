@@ -284,7 +284,12 @@ class LMTrainer(Trainer):
             log_ratio = logprobs - old_logprobs
             ratio = log_ratio.exp()
             clipped = ratio.clamp(1 - config.clip_epsilon, 1 + config.clip_epsilon)
-            per_token = -torch.minimum(ratio * sample.advantage, clipped * sample.advantage)
+            advantage = torch.full_like(ratio, sample.advantage)
+            if sample.advantage < 0:
+                advantage = advantage * config.negative_advantage_scale
+            elif config.min_reinforced_prob > 0:
+                advantage = advantage * (sampler.exp() >= config.min_reinforced_prob)
+            per_token = -torch.minimum(ratio * advantage, clipped * advantage)
             per_token = per_token * weight
             kl_reference = torch.zeros_like(per_token)
             if reference is not None:
