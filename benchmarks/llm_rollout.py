@@ -211,24 +211,32 @@ def client_overhead(base_url: str, turns: int) -> dict[str, float]:
     return {"rollyard_s_per_turn": rollyard, "httpx_s_per_turn": plain, "ratio": rollyard / plain}
 
 
-def in_process(model_dir: Path, task_dirs: list[Path], work: Path, args: Any) -> dict[str, Any]:
-    """The `hf:` policy generating in the shard's own process: 1 vs 8 episodes in flight, whose
-    requests its batcher groups into shared forward passes."""
+def one_vs_many(
+    case: str,
+    server: Server | None,
+    task_dirs: list[Path],
+    work: Path,
+    args: Any,
+    *,
+    many: int,
+    model_dir: Path | None = None,
+) -> dict[str, Any]:
+    """Episodes/s of one shard with 1 and with `many` episodes in flight, and their ratio."""
     measured = {}
-    for in_flight in (1, 8):
+    for in_flight in (1, many):
         measured[in_flight] = episodes_per_s(
-            None,
+            server,
             task_dirs,
-            work / f"store-hf-{in_flight}",
-            run_id="bench-hf",
+            work / f"store-{case}-{in_flight}",
+            run_id=f"bench-{case}",
             in_flight=in_flight,
             args=args,
             model_dir=model_dir,
         )
-        print("hf", in_flight, json.dumps(measured[in_flight]), flush=True)
-    speedup = measured[8]["episodes_per_s"] / measured[1]["episodes_per_s"]
-    print(f"hf: 8 in flight / 1 = {speedup:.2f}x (load {load_average()})", flush=True)
-    return {"1": measured[1], "8": measured[8], "speedup": speedup}
+        print(case, in_flight, json.dumps(measured[in_flight]), flush=True)
+    speedup = measured[many]["episodes_per_s"] / measured[1]["episodes_per_s"]
+    print(f"{case}: {many} in flight / 1 = {speedup:.2f}x (load {load_average()})", flush=True)
+    return {"1": measured[1], str(many): measured[many], "speedup": speedup}
 
 
 def load_average() -> str:
@@ -258,25 +266,14 @@ def main() -> int:
     results: dict[str, Any] = {"load_before": load_average()}
     cases = {"tiny": 0.0, "latency": 200.0}
     for case in args.cases.split(","):
-        if case == "hf":
-            results["hf"] = in_process(model_dir, task_dirs, work, args)
+        if case == "hf":  # in this process: its batcher groups the requests in flight
+            results["hf"] = one_vs_many(
+                case, None, task_dirs, work, args, many=8, model_dir=model_dir
+            )
             continue
         server = Server(model_dir, cases[case], work / f"server-{case}.log")
         try:
-            measured = {}
-            for in_flight in (1, 16):
-                measured[in_flight] = episodes_per_s(
-                    server,
-                    task_dirs,
-                    work / f"store-{case}-{in_flight}",
-                    run_id=f"bench-{case}",
-                    in_flight=in_flight,
-                    args=args,
-                )
-                print(case, in_flight, json.dumps(measured[in_flight]), flush=True)
-            speedup = measured[16]["episodes_per_s"] / measured[1]["episodes_per_s"]
-            results[case] = {"1": measured[1], "16": measured[16], "speedup": speedup}
-            print(f"{case}: 16 in flight / 1 = {speedup:.2f}x (load {load_average()})", flush=True)
+            results[case] = one_vs_many(case, server, task_dirs, work, args, many=16)
             if case == "tiny":  # no added latency: the client's own cost shows most
                 results["client_overhead"] = client_overhead(server.base_url, args.overhead_turns)
                 print("client overhead", json.dumps(results["client_overhead"]), flush=True)
