@@ -226,7 +226,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-    from transformers import AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from tasks_lib.format.finder import tasks_in
     from training.lm.sft import reference_transcripts
@@ -256,8 +256,6 @@ def main() -> None:
     print("\n| update | held-out pass estimate | right share: read / edit / submit | |")
     print("|---|---:|---|---|")
     tokenizer = AutoTokenizer.from_pretrained(warm)
-    from transformers import AutoModelForCausalLM
-
     report("none (the warm start)", AutoModelForCausalLM.from_pretrained(warm), tokenizer)
     for number, (label, settings) in enumerate(UPDATES.items()):
         trainer, metrics = grpo_update(warm, batches, settings, root / f"update-{number}")
