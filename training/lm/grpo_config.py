@@ -55,9 +55,10 @@ class LMTrainerConfig:
     only and never pushes a sampled token down (filtered behaviour cloning, RAFT-like)."""
     min_reinforced_prob: float = 0.0
     """A sampled token of probability below this takes no positive advantage (it still takes
-    a negative one). A rare token weighs ~1 / its probability more in the gradient than a sure
-    one, so a few chance tokens of a passing episode (text after a tool call) can outweigh
-    every token that made it pass; 0 reinforces every token."""
+    a negative one). The gradient of a token's log-probability scales with 1 minus its
+    probability, so a token drawn at 0.01 pushes ~100 times harder than one drawn at 0.99, and a
+    few chance tokens of a passing episode (text after a tool call) can outweigh every token
+    that made it pass; 0 reinforces every token."""
     max_grad_norm: float = 1.0
     normalize_by_std: bool = True
     """Divide advantages by the group's std (GRPO); False: reward minus mean (Dr. GRPO)."""
