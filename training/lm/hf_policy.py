@@ -131,7 +131,8 @@ class HFPolicy(ChatPolicy):
         from training.errors import ContextLengthError
         from training.lm.generate import SamplingParams as GenerationSampling
 
-        generator = self.generator()
+        batcher = self.batcher()  # the weights' digest read once per turn
+        generator = batcher.generator
         try:
             # Tokenized once, by the model's own template: its length is the exact prompt
             # length, and the same ids go to the model (token in).
@@ -152,9 +153,7 @@ class HFPolicy(ChatPolicy):
             max_tokens=max_tokens,
             seed=seed,
         )
-        completion = (
-            self.batcher().submit(generator.prompt_from_token_ids(prompt_ids, sampling)).result()
-        )
+        completion = batcher.submit(generator.prompt_from_token_ids(prompt_ids, sampling)).result()
         return ChatTurn(
             model=self.model_name,
             message=_message(completion),
