@@ -75,7 +75,7 @@ def warm_start(root: Path, base: Path, warm_tasks: Path, args: argparse.Namespac
         "--learning-rate", str(args.sft_learning_rate), "--store", str(root / "sft-store"),
         "--context-first-steps", str(args.sft_context_first_steps),
         "--context-first-learning-rate", str(args.sft_context_first_learning_rate),
-        "--threads", "1",
+        "--threads", "1", "--file-changes", args.sft_file_changes,
     ]  # fmt: skip
     finished = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if finished.returncode != 0:
@@ -206,6 +206,12 @@ def main() -> None:
         help="of --sft-steps, those that train only the reply tokens read from the prompt",
     )
     parser.add_argument("--sft-context-first-learning-rate", type=float, default=1e-3)
+    parser.add_argument(
+        "--sft-file-changes",
+        choices=("edit", "rewrite", "both"),
+        default="edit",
+        help="rollyard sft --file-changes: how the warm start's transcripts change the file",
+    )
     parser.add_argument(
         "--tool-declarations",
         choices=("schemas", "signatures"),

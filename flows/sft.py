@@ -12,7 +12,14 @@ from prefect.cache_policies import NO_CACHE
 
 from training.errors import TrainingSettingsError
 from training.iteration import task_dirs_in
-from training.lm.sft import SFTResult, SFTSettings, finish_sft, reference_transcripts
+from training.lm.sft import (
+    ChangeStyle,
+    SFTResult,
+    SFTSettings,
+    check_change_styles,
+    finish_sft,
+    reference_transcripts,
+)
 from training.lm.spec import check_model_dir, parse_policy_spec
 from training.lm.tiny import Transcript
 
@@ -29,6 +36,8 @@ class SFTParams:
     settings: SFTSettings = dataclasses.field(default_factory=SFTSettings)
     run_tests: bool = True
     """Transcripts run the task's tests before submitting."""
+    change_styles: tuple[ChangeStyle, ...] = ("edit",)
+    """How transcripts change existing files; two styles: a transcript of each per task."""
     shards: int = 2
     """Prefect tasks the replays are spread over."""
 
@@ -42,8 +51,10 @@ class SFTParams:
 
 
 @task(name="replay_references", cache_policy=NO_CACHE)
-def replay_references(task_dirs: list[Path], run_tests: bool) -> tuple[list[Transcript], list[str]]:
-    return reference_transcripts(task_dirs, run_tests=run_tests)
+def replay_references(
+    task_dirs: list[Path], run_tests: bool, styles: tuple[ChangeStyle, ...]
+) -> tuple[list[Transcript], list[str]]:
+    return reference_transcripts(task_dirs, run_tests=run_tests, styles=styles)
 
 
 @task(name="fine_tune", cache_policy=NO_CACHE)
@@ -59,12 +70,13 @@ def fine_tune(
 def sft(params: SFTParams) -> SFTResult:
     logger = get_run_logger()
     check_model_dir(params.model_dir())
+    styles = check_change_styles(params.change_styles)
     out = Path(params.out)
     if out.exists() and any(out.iterdir()):
         raise TrainingSettingsError(f"{out} exists and is not empty; give a new --out directory")
     task_dirs = task_dirs_in(params.tasks_dir)
     shards = [task_dirs[i :: params.shards] for i in range(min(params.shards, len(task_dirs)))]
-    futures = [replay_references.submit(shard, params.run_tests) for shard in shards]
+    futures = [replay_references.submit(shard, params.run_tests, styles) for shard in shards]
     transcripts: list[Transcript] = []
     skipped: list[str] = []
     for future in futures:

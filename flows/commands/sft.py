@@ -77,6 +77,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="transcripts submit right after the edits (no run of the tests: shorter episodes)",
     )
+    parser.add_argument(
+        "--file-changes",
+        choices=("edit", "rewrite", "both"),
+        default="edit",
+        help="how transcripts change a file that exists: edit (edit_file on the changed "
+        "blocks), rewrite (the whole new file written with run_command), or both (a "
+        "transcript of each per task: a corpus with two styles)",
+    )
     add_store_option(parser)
     parser.add_argument(
         "--workers", type=int_between(1, MAX_WORKERS), default=2, help="Dask worker processes"
@@ -104,6 +112,7 @@ def sft_command(args: argparse.Namespace) -> int:
             threads=args.threads,
         ),
         run_tests=not args.no_test_run,
+        change_styles=("edit", "rewrite") if args.file_changes == "both" else (args.file_changes,),
     )
     params.model_dir()  # a spec that is not hf:DIR fails here, before anything starts
     result = run_sft_flow(

@@ -15,9 +15,16 @@ from hypothesis import strategies as st
 
 from tasks_lib import load_task
 from tasks_lib.sources.families.settings import generate_settings_tasks, plan_settings_task
-from training.actions import EditFile
+from tasks_lib.sources.families.settings.generate import plan_flags_task, write_settings_task
+from training.actions import EditFile, ReadFile, RunCommand, Submit
 from training.errors import TrainingSettingsError
-from training.lm.sft import SFTSettings, edit_actions, reference_transcripts
+from training.lm.sft import (
+    SFTSettings,
+    check_change_styles,
+    edit_actions,
+    reference_actions,
+    reference_transcripts,
+)
 from training.lm.tiny import TinyModelSize, build_tiny_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -52,6 +59,44 @@ def test_an_edit_grows_until_its_text_is_unique() -> None:
     (edit,) = edit_actions("f.py", old, "x = 1\ny = 2\nx = 5\nz = 3\n")
     assert isinstance(edit, EditFile) and old.count(edit.old_text) == 1
     assert apply(old, [edit]) == "x = 1\ny = 2\nx = 5\nz = 3\n"
+
+
+def test_a_rewrite_writes_the_whole_new_file_through_the_shell(tmp_path: Path) -> None:
+    plan = plan_flags_task(0, 7)
+    task = load_task(write_settings_task(plan, tmp_path / "task"))
+    path = "app/settings.py"
+    old = (task.snapshot_dir / path).read_text()
+    new = old.replace(f"{plan.target} = {plan.wrong_value}", f"{plan.target} = {plan.right_value}")
+    read, rewrite, submit = reference_actions(
+        task, {path: new.encode()}, (), run_tests=False, style="rewrite"
+    )
+    assert read == ReadFile(path) and submit == Submit() and isinstance(rewrite, RunCommand)
+    workspace = tmp_path / "workspace"
+    (workspace / "app").mkdir(parents=True)
+    (workspace / path).write_text(old)
+    subprocess.run(["/bin/sh", "-c", rewrite.command], cwd=workspace, check=True)
+    assert (workspace / path).read_text() == new
+    edit_style = reference_actions(task, {path: new.encode()}, (), run_tests=False)
+    assert [type(a) for a in edit_style] == [ReadFile, EditFile, Submit]
+
+
+@pytest.mark.parametrize("bad", [(), ("edit", "edit"), ("patch",), ("edit", "sed")])
+def test_change_styles_must_be_known_and_distinct(bad: tuple[str, ...]) -> None:
+    with pytest.raises(TrainingSettingsError, match="change styles must be one or more of"):
+        check_change_styles(bad)
+
+
+def test_both_styles_give_a_verified_transcript_of_each_per_task(tmp_path: Path) -> None:
+    task_dir = write_settings_task(plan_flags_task(0, 3), tmp_path / "tasks" / "flags-3")
+    transcripts, skipped = reference_transcripts(
+        [task_dir], run_tests=False, styles=("edit", "rewrite")
+    )
+    assert skipped == [] and len(transcripts) == 2
+    calls = [
+        [m["tool_calls"][0]["function"]["name"] for m in t.messages if m["role"] == "assistant"]
+        for t in transcripts
+    ]
+    assert calls == [["read_file", "edit_file", "submit"], ["read_file", "run_command", "submit"]]
 
 
 @pytest.mark.parametrize(
@@ -119,6 +164,8 @@ def test_the_sft_command_writes_a_model_the_hf_policy_loads(tmp_path: Path) -> N
             "--context-first-learning-rate",
             "3e-3",
             "--no-test-run",
+            "--file-changes",
+            "both",
             "--store",
             str(tmp_path / "store"),
             "--workers",
@@ -131,7 +178,8 @@ def test_the_sft_command_writes_a_model_the_hf_policy_loads(tmp_path: Path) -> N
     )
     assert finished.returncode == 0, finished.stderr[-2000:]
     result = json.loads(finished.stdout.strip().splitlines()[-1])
-    assert result["transcripts"] == 3 and result["steps"] == 4 and result["skipped"] == []
+    # --file-changes both: an edit_file and a rewrite transcript of each task.
+    assert result["transcripts"] == 6 and result["steps"] == 4 and result["skipped"] == []
     from training.lm.hf_policy import HFPolicy
 
     assert HFPolicy(out).version != HFPolicy(base).version  # fine-tuned weights, loadable

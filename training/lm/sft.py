@@ -1,9 +1,11 @@
 """Supervised warm start: chat transcripts from tasks' reference solutions, and a fine-tune on them.
 
 A task's reference solution (`solution/solve.sh`, run by `tasks_lib.verify.oracle`) becomes the
-tool calls an agent would make: read each changed file, replace each changed block with
-`edit_file` (the smallest block of whole lines that occurs once), write new files and remove
-deleted ones with `run_command`, run the task's tests, submit. Those calls are replayed through a
+tool calls an agent would make: read each changed file, then change it in one of two styles —
+`edit`: replace each changed block with `edit_file` (the smallest block of whole lines that occurs
+once); `rewrite`: write the whole new file with `run_command` — write new files and remove
+deleted ones with `run_command`, run the task's tests, submit. A corpus may hold each task in
+both styles, as demonstrations gathered from several agents do. Those calls are replayed through a
 sandbox by the ordinary episode runner, so every observation is the real one, and the verifier
 scores the replay: only transcripts whose replay scores 1 are kept. The model is then fine-tuned
 on the assistant turns of the kept transcripts (`training.lm.tiny.fine_tune_on_transcripts`) and
@@ -17,7 +19,7 @@ import difflib
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from sandboxes import Limits, SandboxPool
 from tasks_lib.format.loader import load_task
@@ -38,6 +40,22 @@ from training.lm.weights import write_atomically
 from training.policy import ScriptedPolicy
 from training.recovery import RecoveryPolicy, run_episode_with_recovery
 from training.trajectory import EpisodeKey, Trajectory
+
+ChangeStyle = Literal["edit", "rewrite"]
+"""How a reference transcript changes a file that exists: `edit_file` calls on the changed
+blocks, or the whole new file written through `run_command`."""
+CHANGE_STYLES: tuple[ChangeStyle, ...] = get_args(ChangeStyle)
+
+
+def check_change_styles(styles: Sequence[str]) -> tuple[ChangeStyle, ...]:
+    """`styles` as a tuple of known styles, each once; a clear error otherwise."""
+    unknown = [s for s in styles if s not in CHANGE_STYLES]
+    if unknown or not styles or len(set(styles)) != len(styles):
+        raise TrainingSettingsError(
+            f"change styles must be one or more of {', '.join(CHANGE_STYLES)}, each once; "
+            f"got {list(styles)}"
+        )
+    return tuple(styles)  # type: ignore[arg-type]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -129,27 +147,36 @@ def edit_actions(path: str, old: str, new: str) -> list[Action]:
     return edits
 
 
+def write_command(path: str, text: str, *, make_parent: bool) -> RunCommand:
+    """A shell command writing `text` as the whole of `path` (`make_parent`: its directory made
+    first, for a new file)."""
+    quoted = shlex.quote(path)
+    write = f"cat > {quoted} <<'ROLLYARD_EOF'\n{text}ROLLYARD_EOF"
+    return RunCommand(f'mkdir -p "$(dirname {quoted})" && {write}' if make_parent else write)
+
+
 def reference_actions(
-    task: Task, files: dict[str, bytes], deleted: Sequence[str], *, run_tests: bool = True
+    task: Task,
+    files: dict[str, bytes],
+    deleted: Sequence[str],
+    *,
+    run_tests: bool = True,
+    style: ChangeStyle = "edit",
 ) -> list[Action]:
-    """The tool calls that make the solution's changes (`files`: path -> new bytes), then run
-    the tests (`run_tests`) and submit."""
+    """The tool calls that make the solution's changes (`files`: path -> new bytes) in `style`,
+    then run the tests (`run_tests`) and submit."""
     actions: list[Action] = []
     for path in sorted(files):
         new = files[path].decode("utf-8")
         original = task.snapshot_dir / path
-        if original.is_file():
-            old = original.read_text("utf-8")
-            actions.append(ReadFile(path))
-            actions += edit_actions(path, old, new)
+        if not original.is_file():
+            actions.append(write_command(path, new, make_parent=True))
+            continue
+        actions.append(ReadFile(path))
+        if style == "edit":
+            actions += edit_actions(path, original.read_text("utf-8"), new)
         else:
-            quoted = shlex.quote(path)
-            actions.append(
-                RunCommand(
-                    f"mkdir -p \"$(dirname {quoted})\" && cat > {quoted} <<'ROLLYARD_EOF'\n"
-                    f"{new}ROLLYARD_EOF"
-                )
-            )
+            actions.append(write_command(path, new, make_parent=False))
     actions += [RunCommand(f"rm -f {shlex.quote(path)}") for path in sorted(deleted)]
     if run_tests and task.test_command:
         actions.append(RunCommand(task.test_command))
@@ -158,14 +185,19 @@ def reference_actions(
 
 
 def replay_reference(
-    task: Task, pool: SandboxPool, *, key: EpisodeKey, run_tests: bool = True
+    task: Task,
+    pool: SandboxPool,
+    *,
+    key: EpisodeKey,
+    run_tests: bool = True,
+    style: ChangeStyle = "edit",
 ) -> Trajectory:
     """The reference solution replayed as tool calls through a sandbox and verified."""
     from tasks_lib.verify.oracle import solution_changes
 
     changes = solution_changes(task)
     actions = reference_actions(
-        task, dict(changes.files), tuple(changes.deleted), run_tests=run_tests
+        task, dict(changes.files), tuple(changes.deleted), run_tests=run_tests, style=style
     )
     policy = ScriptedPolicy(actions, version=f"reference:{task.id}")
     return run_episode_with_recovery(
@@ -186,30 +218,38 @@ def transcript_of(trajectory: Trajectory) -> Transcript:
 
 
 def reference_transcripts(
-    task_dirs: Sequence[str | Path], *, run_tests: bool = True, run_id: str = "sft"
+    task_dirs: Sequence[str | Path],
+    *,
+    run_tests: bool = True,
+    run_id: str = "sft",
+    styles: Sequence[ChangeStyle] = ("edit",),
 ) -> tuple[list[Transcript], list[str]]:
-    """Transcripts of the tasks' verified replays, and `task id: why` for those left out.
-    `run_tests` puts a run of the task's tests before the submit (the agent checks its work;
-    off, episodes are shorter)."""
+    """Transcripts of the tasks' verified replays, one per task and change style, and
+    `task id (style): why` for those left out. `run_tests` puts a run of the task's tests before
+    the submit (the agent checks its work; off, episodes are shorter)."""
+    styles = check_change_styles(styles)
     transcripts: list[Transcript] = []
     skipped: list[str] = []
     with SandboxPool(limits=Limits(), max_idle_per_snapshot=1) as pool:
         for index, task_dir in enumerate(sorted(Path(d) for d in task_dirs)):
             task = load_task(task_dir)
-            try:
-                trajectory = replay_reference(
-                    task, pool, key=EpisodeKey(run_id, 0, group_index=index), run_tests=run_tests
-                )
-            except Exception as error:  # a task whose solution cannot run is left out, named
-                skipped.append(f"{task.id}: {type(error).__name__}: {error}"[:300])
-                continue
-            if trajectory.reward != 1.0:
-                skipped.append(
-                    f"{task.id}: the replay scored {trajectory.reward} ({trajectory.status}: "
-                    f"{trajectory.error or 'tests failed'})"[:300]
-                )
-                continue
-            transcripts.append(transcript_of(trajectory))
+            for sample, style in enumerate(styles):
+                name = task.id if len(styles) == 1 else f"{task.id} ({style})"
+                key = EpisodeKey(run_id, 0, group_index=index, sample_index=sample)
+                try:
+                    trajectory = replay_reference(
+                        task, pool, key=key, run_tests=run_tests, style=style
+                    )
+                except Exception as error:  # a solution that cannot run is left out, named
+                    skipped.append(f"{name}: {type(error).__name__}: {error}"[:300])
+                    continue
+                if trajectory.reward != 1.0:
+                    skipped.append(
+                        f"{name}: the replay scored {trajectory.reward} ({trajectory.status}: "
+                        f"{trajectory.error or 'tests failed'})"[:300]
+                    )
+                    continue
+                transcripts.append(transcript_of(trajectory))
     return transcripts, skipped
 
 
