@@ -7,8 +7,10 @@ real train flow, several seeds, figures for the README.
    set, disjoint.
 2. A tiny Qwen2-architecture model (config + tokenizer trained here, random weights) is
    warm-started with the real command: `rollyard sft --tasks WARM --policy hf:BASE --out SFT
-   --no-test-run` (reference solutions replayed as tool calls in bwrap sandboxes, verified, then
-   fine-tuned on).
+   --no-test-run --file-changes both` (reference solutions replayed as tool calls in bwrap
+   sandboxes, verified, then fine-tuned on; each solution demonstrated twice, as an `edit_file`
+   call and as the whole file rewritten through `run_command`, so imitation leaves the choice
+   between the two at a coin toss and only the reward tells which one the model carries out).
 3. The warm-started policy is scored on the held-out tasks.
 4. Per seed, `flows.train.run_training` trains it with `--policy hf:SFT` (Prefect + a Dask
    LocalCluster + bwrap + the verifier + the store + the quality gates; the LM trainer), then
@@ -155,6 +157,31 @@ def train_seed(
     return summaries, model_dir, metrics
 
 
+def change_tools_by_iteration(store: Path, run_id: str) -> list[dict[str, Any]]:
+    """Per iteration: how the episodes changed the file (`edit_file`, `run_command`, both or
+    neither) — the choice a `--sft-file-changes both` warm start leaves open — and the pass rate
+    of each."""
+    from storage import TrajectoryStore
+
+    return TrajectoryStore(store).query(
+        """
+        WITH used AS (
+          SELECT episode_id,
+                 bool_or(action_kind = 'edit_file') AS edit,
+                 bool_or(action_kind = 'run_command') AS command
+          FROM steps GROUP BY episode_id)
+        SELECT iteration,
+               CASE WHEN edit AND command THEN 'both' WHEN edit THEN 'edit_file'
+                    WHEN command THEN 'run_command' ELSE 'neither' END AS tool,
+               count(*) AS episodes,
+               avg(CASE WHEN passed THEN 1.0 ELSE 0.0 END) AS pass_rate
+        FROM episodes JOIN used USING (episode_id)
+        WHERE run_id = ?
+        GROUP BY ALL ORDER BY ALL""",
+        [run_id],
+    ).to_pylist()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -185,13 +212,13 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=8)
     parser.add_argument("--tasks-per-iteration", type=int, default=12)
     parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--train-tasks", type=int, default=32)
+    parser.add_argument("--train-tasks", type=int, default=96)
     parser.add_argument("--warm-tasks", type=int, default=300)
-    parser.add_argument("--held-out-tasks", type=int, default=16)
+    parser.add_argument("--held-out-tasks", type=int, default=32)
     parser.add_argument("--held-out-samples", type=int, default=2)
     parser.add_argument("--hidden-size", type=int, default=128)
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--sft-steps", type=int, default=550)
+    parser.add_argument("--sft-steps", type=int, default=1000)
     parser.add_argument("--sft-batch-size", type=int, default=16)
     parser.add_argument(
         "--sft-learning-rate",
@@ -202,14 +229,14 @@ def main() -> None:
     parser.add_argument(
         "--sft-context-first-steps",
         type=int,
-        default=300,
+        default=450,
         help="of --sft-steps, those that train only the reply tokens read from the prompt",
     )
     parser.add_argument("--sft-context-first-learning-rate", type=float, default=1e-3)
     parser.add_argument(
         "--sft-file-changes",
         choices=("edit", "rewrite", "both"),
-        default="edit",
+        default="both",
         help="rollyard sft --file-changes: how the warm start's transcripts change the file",
     )
     parser.add_argument(
@@ -218,20 +245,20 @@ def main() -> None:
         default="signatures",
         help="how the tiny model's chat template declares the tools",
     )
-    parser.add_argument("--learning-rate", type=float, default=2e-5)
+    parser.add_argument("--learning-rate", type=float, default=2e-4)
     parser.add_argument("--epochs", type=int, default=2, help="passes of the GRPO update per batch")
     parser.add_argument("--minibatches", type=int, default=2, help="optimizer steps per pass")
     parser.add_argument("--kl-coef", type=float, default=0.0)
     parser.add_argument(
         "--negative-advantage-scale",
         type=float,
-        default=1.0,
+        default=0.0,
         help="1: GRPO; 0: only the better episodes of a group are reinforced",
     )
     parser.add_argument(
         "--min-reinforced-prob",
         type=float,
-        default=0.0,
+        default=0.2,
         help="sampled tokens below this probability take no positive advantage",
     )
     parser.add_argument(
@@ -283,6 +310,9 @@ def main() -> None:
             sft, held_tasks, root / "eval-store", "held-out-sft", args.held_out_samples, 0, sampling
         )
     print(f"warm-started held-out pass rate {warm_pass:.3f} ({sft_s:.0f} s so far)", flush=True)
+    if args.warm_pass is None:
+        for row in change_tools_by_iteration(root / "eval-store", "held-out-sft"):
+            print("  held-out, warm start:", json.dumps(row), flush=True)
 
     rows = []
     if not args.seeds:
@@ -313,6 +343,10 @@ def main() -> None:
             "seconds": time.monotonic() - seed_started,
             **{f"mean_{k}": statistics.fmean(v) for k, v in by_name.items()},
         }
+        row["change_tools"] = change_tools_by_iteration(root / f"store-{seed}", f"lm-{seed}")
+        row["held_out_change_tools"] = change_tools_by_iteration(
+            root / "eval-store", f"held-out-{seed}"
+        )
         rows.append(row)
         print(json.dumps(row), flush=True)
 
