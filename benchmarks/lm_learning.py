@@ -163,7 +163,7 @@ def change_tools_by_iteration(store: Path, run_id: str) -> list[dict[str, Any]]:
     of each."""
     from storage import TrajectoryStore
 
-    return TrajectoryStore(store).query(
+    table = TrajectoryStore(store).query(
         """
         WITH used AS (
           SELECT episode_id,
@@ -179,7 +179,8 @@ def change_tools_by_iteration(store: Path, run_id: str) -> list[dict[str, Any]]:
         WHERE run_id = ?
         GROUP BY ALL ORDER BY ALL""",
         [run_id],
-    ).to_pylist()
+    )
+    return table.to_pylist()
 
 
 def main() -> None:
