@@ -5,11 +5,13 @@ tool calls an agent would make: read each changed file and change it, write new 
 deleted ones with `run_command`, run the task's tests, submit. A file that exists is changed in
 one of two styles: `edit` replaces each changed block with `edit_file` (the smallest block of
 whole lines that occurs once), `rewrite` writes the whole new file with `run_command`. A corpus
-may hold each task in both, as demonstrations gathered from several agents do. Those calls are replayed through a
-sandbox by the ordinary episode runner, so every observation is the real one, and the verifier
-scores the replay: only transcripts whose replay scores 1 are kept. The model is then fine-tuned
-on the assistant turns of the kept transcripts (`training.lm.tiny.fine_tune_on_transcripts`) and
-written as a Hugging Face directory — the usual pipeline is this, then RL (`hf:OUT`).
+may hold each task in both, as demonstrations gathered from several agents do.
+
+Those calls are replayed through a sandbox by the ordinary episode runner, so every observation
+is the real one, and the verifier scores the replay: only transcripts whose replay scores 1 are
+kept. The model is then fine-tuned on the assistant turns of the kept transcripts
+(`training.lm.tiny.fine_tune_on_transcripts`) and written as a Hugging Face directory — the usual
+pipeline is this, then RL (`hf:OUT`).
 """
 
 from __future__ import annotations
