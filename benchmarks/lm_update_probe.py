@@ -43,7 +43,7 @@ BATCH_SEEDS = (0, 1, 2)
 """One on-policy batch of 12 tasks x 4 per seed, as the benchmark's first iteration draws."""
 
 UPDATES: dict[str, dict[str, Any]] = {
-    "GRPO, lr 2e-5, 2 epochs x 2 minibatches, one batch (the benchmark's)": {
+    "GRPO, lr 2e-5, 2 epochs x 2 minibatches, one batch (the edit-only benchmark's)": {
         "learning_rate": 2e-5,
         "epochs": 2,
         "minibatches": 2,
@@ -55,7 +55,7 @@ UPDATES: dict[str, dict[str, Any]] = {
         "minibatches": 2,
         "batches": 1,
     },
-    "GRPO, lr 3e-4, 1 x 8 minibatches, three batches": {
+    "GRPO, lr 3e-4, 1 x 8 minibatches, three batches, floor 0.2": {
         "learning_rate": 3e-4,
         "minibatches": 8,
         "min_reinforced_prob": 0.2,
