@@ -11,7 +11,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sandboxes.base import WORKSPACE_MOUNT, ExecResult, Limits, Sandbox, WorkspaceDiff
+from sandboxes.base import (
+    REFUSED_COMMAND_EXIT_CODE,
+    WORKSPACE_MOUNT,
+    ExecResult,
+    FileEnds,
+    Limits,
+    Sandbox,
+    WorkspaceDiff,
+)
 from sandboxes.errors import (
     InvalidLimitsError,
     SandboxClosedError,
@@ -58,8 +66,10 @@ def open_sandbox(
 
 __all__ = [
     "BACKENDS",
+    "REFUSED_COMMAND_EXIT_CODE",
     "WORKSPACE_MOUNT",
     "ExecResult",
+    "FileEnds",
     "InvalidLimitsError",
     "Limits",
     "Sandbox",

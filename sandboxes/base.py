@@ -13,6 +13,7 @@ import abc
 import contextlib
 import dataclasses
 import math
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -121,6 +122,122 @@ class ExecResult:
         return self.exit_code == 0 and not self.timed_out and not self.oom_killed
 
 
+INLINE_COMMAND_MAX_BYTES = 64 << 10
+"""UTF-8 bytes of a string command passed on the shell's command line; a longer one reaches the
+shell as a script file. The kernel refuses one argument over 128 KiB (`MAX_ARG_STRLEN`) and a
+command line over `ARG_MAX`, so a long command in argv would never start."""
+
+REFUSED_COMMAND_EXIT_CODE = 126
+"""Exit code of a command the kernel refused to start (its argument list too long, a NUL byte in
+it), as a shell reports a command it cannot execute."""
+
+
+def refused_command(reason: str) -> ExecResult:
+    """What a command the kernel cannot start did: an observation for whoever sent it (exit 126,
+    `reason` on stderr), not a failure of the sandbox."""
+    return ExecResult(REFUSED_COMMAND_EXIT_CODE, "", reason + "\n", 0.0)
+
+
+def argv_too_long_result(argv: Sequence[str]) -> ExecResult:
+    """`refused_command` for an argument list the kernel refused as too long (E2BIG)."""
+    size_bytes = sum(len(os.fsencode(part)) + 1 for part in argv)
+    return refused_command(
+        f"argument list too long ({size_bytes} bytes in {len(argv)} arguments): the kernel "
+        "refuses it; pass long input on stdin or in a file, or run it as one shell command string"
+    )
+
+
+MAX_ARG_BYTES = 32 * 4096
+"""The kernel's limit on one argument, its NUL included (`MAX_ARG_STRLEN`)."""
+
+
+def argv_over_kernel_limit(argv: Sequence[str]) -> bool:
+    """Whether the kernel would refuse `argv` (E2BIG): one argument over `MAX_ARG_BYTES`, or
+    all of them, with their pointers, over `ARG_MAX` less room for the environment."""
+    sizes = [len(os.fsencode(part)) + 1 for part in argv]
+    room_bytes = os.sysconf("SC_ARG_MAX") - (64 << 10)
+    return max(sizes, default=0) > MAX_ARG_BYTES or sum(sizes) + 8 * len(sizes) > room_bytes
+
+
+def command_refusal(command: str | Sequence[str]) -> str | None:
+    """Why no command line can carry `command` (a NUL byte, a lone surrogate), or None."""
+    for part in [command] if isinstance(command, str) else command:
+        try:
+            encoded = os.fsencode(str(part))
+        except UnicodeEncodeError:
+            return "the command holds a lone surrogate, which is not text; send valid UTF-8"
+        if b"\0" in encoded:
+            return "the command holds a NUL byte, which no command line can carry; remove it"
+    return None
+
+
+def _cut_marker(cut_bytes: int) -> str:
+    # The marker `training.actions.cap_text` puts between a head and a tail, so a file read by its
+    # ends reads like any other capped observation.
+    return f"\n[... {cut_bytes} bytes cut ...]\n"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FileEnds:
+    """The first and last bytes of a workspace file, read without its middle
+    (`Sandbox.read_file_ends`): all of it when it fits, `tail` empty."""
+
+    head: bytes
+    tail: bytes
+    size_bytes: int
+    """The file's size when it was read (`stat`), kept bytes and cut ones together."""
+
+    @staticmethod
+    def plan(size_bytes: int, max_bytes: int) -> tuple[int, int]:
+        """Bytes of head and tail to read of a file of `size_bytes` so that head, cut marker
+        and tail together fit `max_bytes` of text (the marker sized for the largest cut)."""
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
+            raise ValueError(f"max_bytes must be a positive integer, got {max_bytes!r}")
+        if size_bytes <= max_bytes:
+            return size_bytes, 0
+        keep = max(0, max_bytes - len(_cut_marker(size_bytes).encode()))
+        return keep // 2, keep - keep // 2
+
+    @classmethod
+    def of(cls, data: bytes, max_bytes: int) -> FileEnds:
+        """The ends of `data` (a whole file already in memory) within `max_bytes`."""
+        head_bytes, tail_bytes = cls.plan(len(data), max_bytes)
+        tail = data[len(data) - tail_bytes :] if tail_bytes else b""
+        return cls(data[:head_bytes], tail, len(data))
+
+    @property
+    def truncated(self) -> bool:
+        return len(self.head) + len(self.tail) < self.size_bytes
+
+    def text(self) -> str:
+        """The ends as text, a marker saying how many bytes were cut between them; characters
+        split by the cut are dropped, bytes that are not UTF-8 replaced."""
+        if not self.truncated:
+            return (self.head + self.tail).decode("utf-8", errors="replace")
+        cut_bytes = self.size_bytes - len(self.head) - len(self.tail)
+        head = _drop_split_character(self.head, at_end=True).decode("utf-8", errors="replace")
+        tail = _drop_split_character(self.tail, at_end=False).decode("utf-8", errors="replace")
+        return head + _cut_marker(cut_bytes) + tail
+
+
+def _drop_split_character(data: bytes, *, at_end: bool) -> bytes:
+    """`data` without the partial UTF-8 character a cut left at its end (or start)."""
+    if at_end:
+        # Back over continuation bytes to the last lead byte; drop it if its character is short.
+        for back in range(1, min(4, len(data)) + 1):
+            byte = data[-back]
+            if byte & 0xC0 != 0x80:
+                need = 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else 4
+                if byte >= 0xC0 and back < need:
+                    return data[:-back]
+                return data
+        return data
+    start = 0
+    while start < min(3, len(data)) and data[start] & 0xC0 == 0x80:
+        start += 1
+    return data[start:]
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class WorkspaceDiff:
     """Changes of the workspace against its snapshot, as sorted POSIX paths relative to it."""
@@ -171,6 +288,13 @@ class Sandbox(abc.ABC):
     @abc.abstractmethod
     def read_file(self, path: str) -> bytes:
         """Bytes of a workspace file (`path` relative to the workspace, or under /workspace)."""
+
+    def read_file_ends(self, path: str, *, max_bytes: int) -> FileEnds:
+        """The head and tail of a workspace file within `max_bytes` (`FileEnds.plan`), memory
+        bounded by what is kept, not by the file's size. The backends read only the ends; this
+        default, for wrappers of another sandbox, reads the whole file."""
+        FileEnds.plan(0, max_bytes)  # a bad max_bytes raises before anything is read
+        return FileEnds.of(self.read_file(path), max_bytes)
 
     @abc.abstractmethod
     def write_file(self, path: str, data: str | bytes) -> None:

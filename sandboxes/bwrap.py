@@ -33,7 +33,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from sandboxes import host, supervisor
-from sandboxes.base import WORKSPACE_MOUNT, ExecResult, Limits, Sandbox, WorkspaceDiff
+from sandboxes.base import (
+    INLINE_COMMAND_MAX_BYTES,
+    WORKSPACE_MOUNT,
+    ExecResult,
+    FileEnds,
+    Limits,
+    Sandbox,
+    WorkspaceDiff,
+    argv_too_long_result,
+    command_refusal,
+    refused_command,
+)
 from sandboxes.cgroups import SandboxCgroup
 from sandboxes.egress import SOCKET_IN_SANDBOX, EgressProxy, proxy_environment, relay_argv
 from sandboxes.errors import SandboxError, SandboxSetupError, WorkspacePathError
@@ -50,6 +61,9 @@ SANDBOX_UID = 1000
 """The uid commands see inside (mapped to `host.SANDBOX_HOST_UID` outside)."""
 
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+SCRIPT_IN_SANDBOX = "/run/rollyard/command.sh"
+"""Where a string command too long for a command line is, read-only, for `/bin/sh` to run."""
 
 # Runs as root for a millisecond: joins the cgroup (so every descendant is accounted and killable
 # from the first instruction), sets the CPU-time rlimit, then execs setpriv -> bwrap. It starts
@@ -202,12 +216,15 @@ class BwrapSandbox(Sandbox):
     # -- commands --------------------------------------------------------------------------------
 
     def _command_argv(self, command: str | Sequence[str], env: Mapping[str, str] | None,
-                      seccomp_fd: int, status_fd: int, args_fd: int,
-                      cpu_time_s: int) -> list[str]:  # fmt: skip
+                      seccomp_fd: int, status_fd: int, args_fd: int, cpu_time_s: int,
+                      script_fd: int | None = None) -> list[str]:  # fmt: skip
         """The launcher's argv; bwrap's options (host paths among them) are written to
-        `args_fd` and read by bwrap from there (`--args`), so they are not on its command line."""
+        `args_fd` and read by bwrap from there (`--args`), so they are not on its command line.
+        With `script_fd`, the shell runs the script it holds instead of `command`."""
         assert self._cgroup is not None
-        if isinstance(command, str):
+        if script_fd is not None:
+            inner = ["/bin/sh", SCRIPT_IN_SANDBOX]
+        elif isinstance(command, str):
             inner = ["/bin/sh", "-c", command]
         else:
             inner = [str(part) for part in command]
@@ -256,8 +273,10 @@ class BwrapSandbox(Sandbox):
         bwrap += [
             "--bind", str(sandbox_dir / self._merged.name), WORKSPACE_MOUNT,
             "--chdir", WORKSPACE_MOUNT,
-            "--remount-ro", "/", "--clearenv",
         ]  # fmt: skip
+        if script_fd is not None:
+            bwrap += ["--ro-bind-data", str(script_fd), SCRIPT_IN_SANDBOX]
+        bwrap += ["--remount-ro", "/", "--clearenv"]
         for name, value in environment.items():
             bwrap += ["--setenv", name, value]
         bwrap += ["--seccomp", str(seccomp_fd), "--json-status-fd", str(status_fd)]
@@ -296,14 +315,18 @@ class BwrapSandbox(Sandbox):
         self._check_open("execute")
         assert self._cgroup is not None
         timeout_s = self._timeout_for(timeout_s)
+        if (refusal := command_refusal(command)) is not None:
+            return refused_command(refusal)
         cpu_time_s = max(1, int(-(-self.limits.cpu_time_s // 1)))
         seccomp_fd = host.seccomp_fd()
         status_read, status_write = os.pipe()
         # A memfd, not a pipe: the options can outgrow a pipe's buffer, and nothing reads them
         # before bwrap starts.
         args_fd = os.memfd_create("bwrap-args")
+        script_fd = _script_fd(command)
         try:
-            argv = self._command_argv(command, env, seccomp_fd, status_write, args_fd, cpu_time_s)
+            argv = self._command_argv(command, env, seccomp_fd, status_write, args_fd, cpu_time_s,
+                                      script_fd)  # fmt: skip
             with contextlib.ExitStack() as stack:
                 stdin_file: int = subprocess.DEVNULL
                 if stdin is not None:
@@ -321,16 +344,23 @@ class BwrapSandbox(Sandbox):
                 try:
                     process = subprocess.Popen(
                         argv, stdin=stdin_file, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                        env={}, cwd="/", pass_fds=(seccomp_fd, status_write, args_fd),
-                        start_new_session=True,
+                        env={}, cwd="/", start_new_session=True,
+                        pass_fds=(seccomp_fd, status_write, args_fd,
+                                  *(() if script_fd is None else (script_fd,))),
                     )  # fmt: skip
                 except OSError as error:
                     os.close(status_read)
+                    if error.errno == errno.E2BIG:  # the caller's argument list, not the host
+                        return argv_too_long_result(
+                            [command] if isinstance(command, str) else command
+                        )
                     raise SandboxSetupError(f"cannot start bwrap: {error}") from error
         finally:
             os.close(seccomp_fd)
             os.close(status_write)
             os.close(args_fd)
+            if script_fd is not None:
+                os.close(script_fd)
         stdout, stderr, timed_out = self._collect(process, timeout_s, started)
         child_started = _read_child_started(status_read)
         duration_s = time.monotonic() - started
@@ -427,8 +457,8 @@ class BwrapSandbox(Sandbox):
             )
         return Path(candidate)
 
-    def read_file(self, path: str) -> bytes:
-        self._check_open("read_file")
+    def _open_regular(self, path: str) -> tuple[int, os.stat_result]:
+        """A read-only descriptor of a regular workspace file, and its `fstat`."""
         target = self._resolve(path)
         try:
             # O_NONBLOCK: a FIFO the command left behind would otherwise hang the caller.
@@ -440,13 +470,32 @@ class BwrapSandbox(Sandbox):
                 raise WorkspacePathError(f"{path!r} is not a regular file (a socket)") from None
             raise
         try:
-            _require_regular(path, os.fstat(fd))
+            st = os.fstat(fd)
+            _require_regular(path, st)
         except BaseException:
             os.close(fd)
             raise
         os.set_blocking(fd, True)
+        return fd, st
+
+    def read_file(self, path: str) -> bytes:
+        self._check_open("read_file")
+        fd, _ = self._open_regular(path)
         with os.fdopen(fd, "rb") as handle:
             return handle.read(self.limits.disk_mb << 20)
+
+    def read_file_ends(self, path: str, *, max_bytes: int) -> FileEnds:
+        self._check_open("read_file_ends")
+        FileEnds.plan(0, max_bytes)
+        fd, st = self._open_regular(path)
+        try:
+            # Nothing runs in the sandbox between calls: the stat'ed size holds while we read.
+            head_bytes, tail_bytes = FileEnds.plan(st.st_size, max_bytes)
+            head = os.pread(fd, head_bytes, 0) if head_bytes else b""
+            tail = os.pread(fd, tail_bytes, st.st_size - tail_bytes) if tail_bytes else b""
+        finally:
+            os.close(fd)
+        return FileEnds(head, tail, st.st_size)
 
     def write_file(self, path: str, data: str | bytes) -> None:
         self._check_open("write_file")
@@ -529,6 +578,11 @@ class BwrapSandbox(Sandbox):
                     if lower.exists() and not lower.is_dir():
                         deleted.add(relative)  # a file replaced by a directory
                     continue
+                if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+                    # A FIFO, socket or device node the command made: no candidate carries one,
+                    # so it is left out, and what of the snapshot it replaced is gone.
+                    deleted.update(lower_files_under(relative))
+                    continue
                 if lower.is_symlink() or lower.is_file():
                     if not same_entry(lower, lower.lstat(), entry, st):
                         modified.add(relative)
@@ -562,6 +616,26 @@ class BwrapSandbox(Sandbox):
             errors.append(error)
         if errors:
             raise SandboxSetupError(f"cleanup of sandbox {self.sandbox_id} failed: {errors[0]}")
+
+
+def _script_fd(command: str | Sequence[str]) -> int | None:
+    """A memfd holding `command` when it is a string too long for the shell's command line
+    (`INLINE_COMMAND_MAX_BYTES`); bwrap copies it into the sandbox as `SCRIPT_IN_SANDBOX`."""
+    if not isinstance(command, str):
+        return None
+    script = os.fsencode(command)
+    if len(script) <= INLINE_COMMAND_MAX_BYTES:
+        return None
+    fd = os.memfd_create("command", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(script)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _require_regular(path: str, st: os.stat_result) -> None:

@@ -18,6 +18,7 @@ import contextlib
 import functools
 import hashlib
 import io
+import json
 import os
 import posixpath
 import secrets
@@ -31,7 +32,19 @@ from pathlib import Path
 from typing import Any
 
 from sandboxes import host
-from sandboxes.base import WORKSPACE_MOUNT, ExecResult, Limits, Sandbox, WorkspaceDiff
+from sandboxes.base import (
+    INLINE_COMMAND_MAX_BYTES,
+    WORKSPACE_MOUNT,
+    ExecResult,
+    FileEnds,
+    Limits,
+    Sandbox,
+    WorkspaceDiff,
+    argv_over_kernel_limit,
+    argv_too_long_result,
+    command_refusal,
+    refused_command,
+)
 from sandboxes.docker_images import (
     LABEL,
     OWNER_LABEL,
@@ -68,14 +81,34 @@ _LAUNCHER_STDIN = 'ulimit -t "$1" || exit 125; f=$2; shift 2; exec "$@" < "$f"'
 _RESOLVE = (
     'p=$(realpath -m -- "$1") || exit 2; '
     'case "$p" in /workspace/*) ;; *) echo "$p" >&2; exit 3;; esac; '
-    'if [ "$2" = read ]; then [ -d "$p" ] && exit 4; [ -e "$p" ] || exit 5; '
-    '[ -f "$p" ] || exit 6; exec cat -- "$p"; fi; '
+    'if [ "$2" = read ] || [ "$2" = ends ]; then [ -d "$p" ] && exit 4; [ -e "$p" ] || exit 5; '
+    '[ -f "$p" ] || exit 6; [ "$2" = read ] && exec cat -- "$p"; '
+    # ends: the size, then the first and the last $3 bytes (tail seeks: the middle is never read)
+    'stat -c %s -- "$p" || exit 8; head -c "$3" -- "$p" && exec tail -c "$3" -- "$p"; fi; '
     '[ -d "$p" ] && exit 4; mkdir -p -- "$(dirname -- "$p")" || exit 7; printf %s "$p"'
 )
+# Describes each changed path of the NUL-separated list in the file $1, as one JSON list: the
+# list travels in a file and names in JSON, so no count, length or byte of names can break it.
 _DESCRIBE = (
-    'for p in "$@"; do if [ -L "$p" ]; then printf "L %s\\n" "$(readlink -- "$p")"; '
-    'elif [ -f "$p" ]; then printf "F %s %s\\n" "$(stat -c %a -- "$p")" '
-    '"$(sha256sum -- "$p" | cut -d" " -f1)"; elif [ -d "$p" ]; then echo D; else echo -; fi; done'
+    "import hashlib, json, os, stat, sys\n"
+    "def describe(path):\n"
+    "    try:\n"
+    "        st = os.lstat(path)\n"
+    "    except OSError:\n"
+    "        return ['-']\n"
+    "    if stat.S_ISLNK(st.st_mode):\n"
+    "        return ['L', os.fsdecode(os.readlink(path))]\n"
+    "    if stat.S_ISDIR(st.st_mode):\n"
+    "        return ['D']\n"
+    "    if not stat.S_ISREG(st.st_mode):\n"
+    "        return ['-']\n"  # a FIFO, socket or device node: no candidate carries one
+    "    digest = hashlib.sha256()\n"
+    "    with open(path, 'rb') as handle:\n"
+    "        for chunk in iter(lambda: handle.read(1 << 20), b''):\n"
+    "            digest.update(chunk)\n"
+    "    return ['F', '%o' % stat.S_IMODE(st.st_mode), digest.hexdigest()]\n"
+    "names = open(sys.argv[1], 'rb').read().split(b'\\0')\n"
+    "json.dump([describe(os.fsdecode(name)) for name in names], sys.stdout)\n"
 )
 
 
@@ -324,12 +357,23 @@ class DockerSandbox(Sandbox):
     ) -> ExecResult:
         self._check_open("execute")
         timeout_s = self._timeout_for(timeout_s)
-        if isinstance(command, str):
+        if (refusal := command_refusal(command)) is not None:
+            return refused_command(refusal)
+        if isinstance(command, str) and len(script := os.fsencode(command)) > (
+            INLINE_COMMAND_MAX_BYTES
+        ):
+            # Too long for a command line: the shell reads it from a file instead.
+            script_path = f"{STATE_DIR}/command-{secrets.token_hex(6)}.sh"
+            self._put_file(script_path, script, uid=0, mode=0o444)
+            inner = ["/bin/sh", script_path]
+        elif isinstance(command, str):
             inner = ["/bin/sh", "-c", command]
         else:
             inner = [str(part) for part in command]
             if not inner:
                 raise ValueError("execute() needs a non-empty command")
+            if argv_over_kernel_limit(inner):
+                return argv_too_long_result(inner)
         environment = {"HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
                        "PYTHONDONTWRITEBYTECODE": "1"}  # fmt: skip
         for name, value in (env or {}).items():
@@ -409,10 +453,10 @@ class DockerSandbox(Sandbox):
             raise WorkspacePathError(f"{path!r} resolves outside the workspace (through '..')")
         return normal
 
-    def _resolve(self, path: str, mode: str) -> tuple[int, bytes, bytes]:
+    def _resolve(self, path: str, mode: str, *args: str) -> tuple[int, bytes, bytes]:
         relative = self._relative(path)
         code, out, err = self._exec_raw(
-            ["/bin/sh", "-c", _RESOLVE, "resolve", f"{WORKSPACE_MOUNT}/{relative}", mode]
+            ["/bin/sh", "-c", _RESOLVE, "resolve", f"{WORKSPACE_MOUNT}/{relative}", mode, *args]
         )
         if code == 3:
             raise WorkspacePathError(
@@ -431,6 +475,19 @@ class DockerSandbox(Sandbox):
     def read_file(self, path: str) -> bytes:
         self._check_open("read_file")
         return self._resolve(path, "read")[1]
+
+    def read_file_ends(self, path: str, *, max_bytes: int) -> FileEnds:
+        self._check_open("read_file_ends")
+        FileEnds.plan(0, max_bytes)
+        out = self._resolve(path, "ends", str(max_bytes))[1]
+        size_text, _, rest = out.partition(b"\n")
+        size_bytes = int(size_text)
+        # `rest` is the first and the last min(size, max_bytes) bytes: keep what the plan keeps.
+        read_bytes = min(size_bytes, max_bytes)
+        head_bytes, tail_bytes = FileEnds.plan(size_bytes, max_bytes)
+        tail = rest[read_bytes:]
+        return FileEnds(rest[:head_bytes], tail[len(tail) - tail_bytes :] if tail_bytes else b"",
+                        size_bytes)  # fmt: skip
 
     def _put_file(self, target: str, data: bytes, *, uid: int = SANDBOX_UID,
                   mode: int = 0o644) -> None:  # fmt: skip
@@ -460,10 +517,15 @@ class DockerSandbox(Sandbox):
         paths = sorted({c["Path"][len(prefix) :] for c in changes if c["Path"].startswith(prefix)})
         if not paths:
             return WorkspaceDiff()
-        code, out, _ = self._exec_raw(["/bin/sh", "-c", _DESCRIBE, "describe", *paths])
+        listing = f"{STATE_DIR}/changed-{secrets.token_hex(6)}"
+        names = b"\0".join(os.fsencode(f"{prefix}{path}") for path in paths)
+        self._put_file(listing, names, uid=0, mode=0o444)
+        code, out, err = self._exec_raw(["python3", "-c", _DESCRIBE, listing])
         if code != 0:
-            raise SandboxSetupError("cannot describe the changed workspace files")
-        described = out.decode("utf-8", "surrogateescape").splitlines()
+            raise SandboxSetupError(
+                f"cannot describe the changed workspace files: {err.decode(errors='replace')[:300]}"
+            )
+        described = json.loads(out)
         added: set[str] = set()
         modified: set[str] = set()
         deleted: set[str] = set()
@@ -478,9 +540,8 @@ class DockerSandbox(Sandbox):
                     found.append((Path(dirpath) / name).relative_to(self._lower).as_posix())
             return found
 
-        for relative, line in zip(paths, described, strict=True):
+        for relative, (kind, *rest) in zip(paths, described, strict=True):
             lower = self._lower / relative
-            kind, _, rest = line.partition(" ")
             if kind == "D":
                 if lower.is_symlink() or lower.is_file():
                     deleted.add(relative)  # a file replaced by a directory
@@ -503,12 +564,12 @@ class DockerSandbox(Sandbox):
         )
 
     @staticmethod
-    def _same(lower: Path, kind: str, rest: str) -> bool:
+    def _same(lower: Path, kind: str, rest: Sequence[str]) -> bool:
         if lower.is_symlink():
-            return kind == "L" and os.readlink(lower) == rest
+            return kind == "L" and [os.readlink(lower)] == list(rest)
         if kind != "F":
             return False
-        mode_text, _, digest = rest.partition(" ")
+        mode_text, digest = rest
         executable = bool(int(mode_text, 8) & 0o111)
         if executable != bool(lower.stat().st_mode & 0o111):
             return False

@@ -4,12 +4,14 @@ backend and provide `open_backend`. Isolation attacks live in test_adversarial_*
 from __future__ import annotations
 
 import pickle
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from sandboxes import (
+    REFUSED_COMMAND_EXIT_CODE,
     ExecResult,
     InvalidLimitsError,
     Limits,
@@ -126,6 +128,22 @@ class SandboxConformance:
             result = sandbox.execute("for i in $(seq 1 40); do sleep 5 & done; wait", timeout_s=10)
         assert "fork" in result.stderr.lower() or "resource" in result.stderr.lower()
 
+    def test_a_command_longer_than_the_kernel_argument_limit_runs(self, sandbox: Sandbox) -> None:
+        # 3 MB: past one argument's 128 KiB and the whole command line's ARG_MAX
+        padding = "x" * (3 << 20)
+        result = sandbox.execute(f"read line; x={padding}; echo ${{#x}} $line", stdin="in\n")
+        assert (result.exit_code, result.stdout) == (0, f"{3 << 20} in\n"), result.stderr[:300]
+
+    def test_a_command_the_kernel_refuses_is_an_exit_code_not_an_error(
+        self, sandbox: Sandbox
+    ) -> None:
+        too_long = sandbox.execute(["echo", "y" * (200 << 10)])
+        assert too_long.exit_code == REFUSED_COMMAND_EXIT_CODE
+        assert "argument list too long" in too_long.stderr
+        with_nul = sandbox.execute("echo a\0b")
+        assert with_nul.exit_code == REFUSED_COMMAND_EXIT_CODE and "NUL" in with_nul.stderr
+        assert sandbox.execute("echo still fine").stdout == "still fine\n"
+
     # -- files and diff --------------------------------------------------------------------------
 
     def test_read_and_write_files(self, sandbox: Sandbox) -> None:
@@ -143,6 +161,67 @@ class SandboxConformance:
                 sandbox.write_file(path, "x")
         with pytest.raises(FileNotFoundError):
             sandbox.read_file("missing.txt")
+
+    def test_read_file_ends_reads_only_what_is_kept(self, sandbox: Sandbox) -> None:
+        # sparse: 450 MB of apparent size, and head and tail markers to find
+        made = sandbox.execute("printf HEAD > big.log && truncate -s 450M big.log && "
+                               "printf TAIL >> big.log")  # fmt: skip
+        assert made.exit_code == 0, made.stderr
+        started = time.monotonic()
+        ends = sandbox.read_file_ends("big.log", max_bytes=6000)
+        assert time.monotonic() - started < 5
+        assert ends.size_bytes == (450 << 20) + 4 and ends.truncated
+        assert ends.head.startswith(b"HEAD") and ends.tail.endswith(b"TAIL")
+        text = ends.text()
+        assert len(text.encode()) <= 6000 and len(ends.head) + len(ends.tail) > 5900
+        assert f"{ends.size_bytes - len(ends.head) - len(ends.tail)} bytes cut" in text
+        small = sandbox.read_file_ends("calc.py", max_bytes=6000)
+        assert (small.head, small.tail, small.truncated) == (
+            sandbox.read_file("calc.py"),
+            b"",
+            False,
+        )
+
+    def test_read_file_ends_cuts_between_characters(self, sandbox: Sandbox) -> None:
+        sandbox.write_file("accents.txt", "\u00e9" * 5000)  # 10,000 bytes of two-byte characters
+        text = sandbox.read_file_ends("accents.txt", max_bytes=1001).text()
+        assert "\ufffd" not in text and len(text.encode()) <= 1001
+        assert text.startswith("\u00e9") and text.endswith("\u00e9")
+
+    def test_read_file_ends_refuses_what_read_file_refuses(self, sandbox: Sandbox) -> None:
+        assert sandbox.execute("mkfifo pipe").exit_code == 0
+        with pytest.raises(WorkspacePathError):
+            sandbox.read_file_ends("pipe", max_bytes=100)
+        with pytest.raises(IsADirectoryError):
+            sandbox.read_file_ends("pkg", max_bytes=100)
+        with pytest.raises(FileNotFoundError):
+            sandbox.read_file_ends("missing.txt", max_bytes=100)
+        with pytest.raises(WorkspacePathError):
+            sandbox.read_file_ends("../etc/passwd", max_bytes=100)
+        with pytest.raises(ValueError, match="max_bytes"):
+            sandbox.read_file_ends("calc.py", max_bytes=0)
+
+    def test_special_files_are_left_out_of_the_diff(self, sandbox: Sandbox) -> None:
+        # what an agent's command may leave: FIFOs and a bound unix socket, one replacing a file
+        made = sandbox.execute(
+            "mkfifo new.fifo && mkdir -p out && mkfifo out/pipe && rm calc.py && mkfifo calc.py"
+            " && python3 -c \"import socket; socket.socket(socket.AF_UNIX).bind('agent.sock')\""
+            " && echo x > out/kept.txt && test -S agent.sock && test -p calc.py"
+        )
+        assert made.exit_code == 0, made.stderr
+        diff = sandbox.diff()
+        assert diff.added == ("out/kept.txt",)
+        assert diff.deleted == ("calc.py",) and not diff.modified
+
+    def test_diff_holds_any_number_and_kind_of_names(self, sandbox: Sandbox) -> None:
+        # 11,000 names of 200 bytes: 2.2 MB, more than one command line may carry
+        made = sandbox.execute(
+            "python3 -c \"import os; os.mkdir('many'); [open('many/%05d' % i + 'n' * 194, 'w')"
+            ".close() for i in range(11000)]; open('line\\nbreak', 'w')\""
+        )
+        assert made.exit_code == 0, made.stderr
+        added = sandbox.diff().added
+        assert len(added) == 11001 and "line\nbreak" in added
 
     def test_diff_reports_added_modified_deleted(self, sandbox: Sandbox) -> None:
         assert not sandbox.diff()
