@@ -190,11 +190,13 @@ def apply_action(
             return _command_observation(result, max_bytes), result.timed_out
         case ReadFile(path=path):
             try:
-                data = sandbox.read_file(path)
+                # Only the head and tail the observation keeps are read: memory bounded by
+                # max_bytes, not by the size of what the agent wrote.
+                ends = sandbox.read_file_ends(path, max_bytes=max_bytes)
             except (OSError, WorkspacePathError) as error:
                 return Observation(f"cannot read {path!r}: {error}", 1), False
-            text, cut = cap_text(data.decode("utf-8", errors="replace"), max_bytes)
-            return Observation(text, 0, cut), False
+            text, cut = cap_text(ends.text(), max_bytes)
+            return Observation(text, 0, cut or ends.truncated), False
         case EditFile(path=path, old_text=old_text, new_text=new_text):
             observation, _ = _edit(sandbox, path, old_text, new_text)
             return observation, False
