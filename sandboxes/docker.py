@@ -83,8 +83,10 @@ _RESOLVE = (
     'case "$p" in /workspace/*) ;; *) echo "$p" >&2; exit 3;; esac; '
     'if [ "$2" = read ] || [ "$2" = ends ]; then [ -d "$p" ] && exit 4; [ -e "$p" ] || exit 5; '
     '[ -f "$p" ] || exit 6; [ "$2" = read ] && exec cat -- "$p"; '
-    # ends: the size, then the first and the last $3 bytes (tail seeks: the middle is never read)
-    'stat -c %s -- "$p" || exit 8; head -c "$3" -- "$p" && exec tail -c "$3" -- "$p"; fi; '
+    # ends: the size, then the file if it fits in $3 bytes, else its first and last $3 bytes
+    # (tail seeks: the middle is never read)
+    'n=$(stat -c %s -- "$p") || exit 8; echo "$n"; [ "$n" -le "$3" ] && exec cat -- "$p"; '
+    'head -c "$3" -- "$p" && exec tail -c "$3" -- "$p"; fi; '
     '[ -d "$p" ] && exit 4; mkdir -p -- "$(dirname -- "$p")" || exit 7; printf %s "$p"'
 )
 # Describes each changed path of the NUL-separated list in the file $1, as one JSON list: the

@@ -80,12 +80,14 @@ def verify_artifacts(run: VerifyRun) -> VerifyResult:
                 test_id = ids[output.path]
                 reference = (variant.expected_dir / output.path).read_bytes()
                 try:
-                    produced = sandbox.read_file(output.path)
+                    # Read no further than the cap: the candidate's code wrote this file.
+                    written = sandbox.read_file_ends(output.path, max_bytes=MAX_ARTIFACT_BYTES)
                 except (WorkspacePathError, OSError):
                     tests[test_id] = "missing"
                     problems.append(f"{test_id}: not produced")
                     continue
-                if len(produced) > MAX_ARTIFACT_BYTES:
+                produced = written.head
+                if written.truncated:
                     tests[test_id] = "failed"
                     problems.append(f"{test_id}: larger than {MAX_ARTIFACT_BYTES} bytes")
                     continue

@@ -213,7 +213,19 @@ class CandidateChanges:
                 path, _, target = line.partition("\t")
                 if path in changed:
                     links[path] = target
-        return cls.from_diff(diff, sandbox.read_file, symlinks=links, bounds=bounds)
+
+        def read_within_bounds(path: str) -> bytes:
+            # Only as much as the candidate may hold is read: a huge file the agent wrote is
+            # refused by its size, never read whole into the verifier's memory.
+            ends = sandbox.read_file_ends(path, max_bytes=bounds.max_bytes)
+            if ends.truncated:
+                raise CandidateBoundsError(
+                    f"changed file {path[:80]!r} is {ends.size_bytes} bytes, more than the "
+                    f"{bounds.max_bytes} a candidate may change; the candidate is not run"
+                )
+            return ends.head
+
+        return cls.from_diff(diff, read_within_bounds, symlinks=links, bounds=bounds)
 
 
 def _check_count(count: int, bounds: CandidateBounds) -> None:

@@ -101,13 +101,21 @@ def _line_at(text: str, index: int) -> str:
     return text[start : end if end >= 0 else None].strip()[:200]
 
 
+MAX_REWARD_FILE_BYTES = 1 << 20
+"""Bytes of `reward.json` or `reward.txt` read; a larger one is refused unread."""
+
+
 def _read_rewards(sandbox: Sandbox, logs: str) -> tuple[dict[str, float], str | None]:
     """The metrics of `reward.json` (else `reward.txt` as `reward`), or why there are none."""
     for name in ("reward.json", "reward.txt"):
         try:
-            text = sandbox.read_file(f"{logs}/{name}").decode("utf-8").strip()
+            written = sandbox.read_file_ends(f"{logs}/{name}", max_bytes=MAX_REWARD_FILE_BYTES)
         except (SandboxError, OSError):
             continue
+        if written.truncated:  # test.sh runs the candidate's code, which can write it
+            return {}, f"{name} is larger than {MAX_REWARD_FILE_BYTES} bytes"
+        try:
+            text = written.head.decode("utf-8").strip()
         except UnicodeDecodeError:
             return {}, f"{name} is not text"
         if not text:

@@ -26,7 +26,13 @@ from tasks_lib.verify.context import (
     limit_of,
     output_tail,
 )
-from tasks_lib.verify.junit import NODEID_PLUGIN, JUnitReport, Outcome, parse_junit
+from tasks_lib.verify.junit import (
+    MAX_REPORT_BYTES,
+    NODEID_PLUGIN,
+    JUnitReport,
+    Outcome,
+    parse_junit,
+)
 
 # pytest exit codes (pytest.ExitCode): 0 all passed, 1 some failed, 2 interrupted (e.g. collection
 # errors), 3 internal error, 4 usage error, 5 no tests collected.
@@ -113,11 +119,14 @@ def run_pytest(
     if limit_of(executed) is not None:
         return PytestRun(executed, None)
     try:
-        raw = sandbox.read_file(f"{report_dir}/junit.xml")
+        report = sandbox.read_file_ends(f"{report_dir}/junit.xml", max_bytes=MAX_REPORT_BYTES)
     except (SandboxError, OSError):
         return PytestRun(executed, None)
+    if report.truncated:  # the code under test can write it: one over the cap is never read whole
+        cap = f"report is {report.size_bytes} bytes, over the {MAX_REPORT_BYTES} byte cap"
+        return PytestRun(executed, None, cap)
     try:
-        return PytestRun(executed, parse_junit(raw))
+        return PytestRun(executed, parse_junit(report.head))
     except ReportError as error:
         return PytestRun(executed, None, str(error))
 

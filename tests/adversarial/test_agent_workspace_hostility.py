@@ -123,3 +123,31 @@ with open_sandbox({str(workspace)!r}, limits=Limits(cpu_time_s=30)) as sb:
     assert int(marker.group(1)) == (450 << 20) + 4 - kept_bytes  # what was cut, said exactly
     assert result["maxrss_mb"] - result["before_mb"] < 32, result
     assert result["read_s"] < 5, result
+
+
+def test_a_450_mb_changed_file_is_refused_by_its_size_not_read_whole(
+    sandbox_root: Path, tmp_path: Path
+) -> None:
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    (workspace / "calc.py").write_text("x = 1\n")
+    script = f"""
+from tasks_lib.errors import CandidateBoundsError
+from tasks_lib.verify.candidate import CandidateBounds, CandidateChanges
+with open_sandbox({str(workspace)!r}, limits=Limits(cpu_time_s=30)) as sb:
+    made = sb.execute("truncate -s 450M big.log")
+    before_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    try:
+        CandidateChanges.from_sandbox(sb, bounds=CandidateBounds(max_bytes=1 << 20))
+        outcome = "accepted"
+    except CandidateBoundsError as error:
+        outcome = str(error)
+    report(made=made.exit_code, before_mb=before_mb, outcome=outcome)
+"""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), host.ROOT_ENV: str(sandbox_root)}
+    result = run_bounded(
+        script, env=env, bounds=OuterBounds(memory_mb=512, file_size_mb=512, timeout_s=60)
+    )
+    assert result["made"] == 0
+    assert "big.log" in result["outcome"] and f"{450 << 20} bytes" in result["outcome"]
+    assert result["maxrss_mb"] - result["before_mb"] < 32, result
