@@ -54,6 +54,9 @@ class RollyardSettings(BaseSettings):
         validation_alias=AliasChoices("ROLLYARD_OPENAI_API_KEY", "OPENAI_API_KEY"),
     )
     """`ROLLYARD_OPENAI_API_KEY`, else `OPENAI_API_KEY`: the key an `openai:` policy sends."""
+    openai_request_deadline_s: float = Field(default=600.0, gt=0, le=7 * 24 * 3600)
+    """`ROLLYARD_OPENAI_REQUEST_DEADLINE_S`: the most one model request of an `openai:` policy
+    may take, its retries and every read included; past it the episode is an `infra_error`."""
     cache_dir: Path | None = None
     """`ROLLYARD_CACHE_DIR`: where rollyard keeps what it can rebuild (the Prefect database
     template, reproduced Harbor workspaces); default `$XDG_CACHE_HOME/rollyard`, else

@@ -4,6 +4,8 @@ This is the one definition: the verifier, the episode runner, the store's schema
 gates and the trainers all import it. The rule that matters: only a *trainable* status carries a
 reward the trainer learns from; an *infrastructure* status (the sandbox, the verifier, the task or
 the policy's server failed) carries no reward at all — never a 0 — and its GRPO group is masked.
+The second rule: whatever an agent does ends in a status of `AGENT_STATUSES`, all trainable, so a
+failing agent cannot escape its penalty by breaking something, nor wipe its siblings' signal.
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ class EpisodeStatus(enum.StrEnum):
     memory limit inside the verifier): the policy's doing, so the workspace is still scored."""
     POLICY_ERROR = "policy_error"
     """The policy raised (its model crashed, its server rejected a request or answered
-    something that is not a chat completion)."""
+    something that is not a chat completion). Never for what a model wrote: a reply's
+    malformed or unoffered tool calls are observations, then `format_error`."""
     INFRA_ERROR = "infra_error"
     """The sandbox failed underneath the episode (reset, execute, read, write), or the policy's
-    model server stopped answering (unreachable, 5xx or 429 after every retry): the recovery
-    path runs such an episode again."""
+    model server stopped answering (unreachable, 5xx or 429 after every retry, no complete
+    answer within the request deadline) or answered a token record that cannot be kept (ids
+    out of range, logprobs not finite and <= 0): the recovery path runs such an episode again."""
     VERIFIER_ERROR = "verifier_error"
     """The verifier crashed or could not produce a verdict (no report, no reward file)."""
     TASK_ERROR = "task_error"
@@ -52,6 +56,20 @@ TRAINABLE_STATUSES: frozenset[EpisodeStatus] = frozenset(
 
 INFRASTRUCTURE_STATUSES: frozenset[EpisodeStatus] = frozenset(EpisodeStatus) - TRAINABLE_STATUSES
 """Statuses where the environment, not the policy, decided: they must carry no reward."""
+
+AGENT_STATUSES: frozenset[EpisodeStatus] = frozenset(
+    {
+        EpisodeStatus.OK,
+        EpisodeStatus.TIMEOUT,
+        EpisodeStatus.FORMAT_ERROR,
+        EpisodeStatus.CONTEXT_EXHAUSTED,
+    }
+)
+"""Statuses an agent's own doing can end an episode with — whatever bytes its replies hold, its
+tool calls ask for or its commands leave in the workspace. Every one is trainable (none is
+masked): an agent's failure is scored as its own, never laundered into an infrastructure status."""
+if not AGENT_STATUSES <= TRAINABLE_STATUSES:  # the rule itself, checked where it is stated
+    raise AssertionError("every status an agent can cause must be trainable")
 
 ALL_STATUSES: tuple[str, ...] = tuple(status.value for status in EpisodeStatus)
 """Every status's name, in declaration order (the store's schema and the gates use these)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections.abc import Collection
 from typing import Any
 
 from training.errors import ActionParseError
@@ -191,11 +192,57 @@ def action_arguments(action: Action) -> dict[str, Any]:
             return {"name": name, "arguments": arguments, "error": error}
 
 
-def action_from_tool_call(name: str, arguments: str | dict[str, Any]) -> Action:
-    """Build an action from a tool name and its arguments (a JSON object or its text).
+def shown(value: object, limit: int = 80) -> str:
+    """`repr(value)` cut to `limit` characters: how an error quotes what a model sent, so a
+    50 MB argument never becomes a 50 MB message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def clean_text(text: str) -> str:
+    """`text` with every lone surrogate (which no UTF-8 file, command or Parquet column can
+    hold) replaced by U+FFFD; other text is returned as it is."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return text
+
+
+# The arguments that name a path or go to exec: the kernel takes them as C strings.
+_C_STRING_ARGUMENTS = ("path", "command", "test_command")
+
+
+def action_problem(action: Action) -> str | None:
+    """What makes `action` impossible to carry out as sent, or None: a NUL byte in a path or a
+    command (the kernel's strings end at NUL), or text that is not valid Unicode (a lone
+    surrogate). Checked for every action of every policy before it reaches the sandbox."""
+    for key, value in action_arguments(action).items():
+        if not isinstance(value, str) or isinstance(action, InvalidCall):
+            continue
+        if "\x00" in value and key in _C_STRING_ARGUMENTS:
+            return (
+                f"argument {key!r} of tool {action.tool!r} contains a NUL byte, which no path "
+                "or command can hold; remove it"
+            )
+        if clean_text(value) is not value:
+            return (
+                f"argument {key!r} of tool {action.tool!r} is not valid Unicode (a lone "
+                "surrogate such as \\ud800); send UTF-8 text"
+            )
+    return None
+
+
+def action_from_tool_call(
+    name: str, arguments: str | dict[str, Any], *, offered: Collection[str] = ALL_TOOL_NAMES
+) -> Action:
+    """Build an action from a tool name and its arguments (a JSON object or its text); only
+    the tools in `offered` are accepted (a chat model is offered `TOOL_NAMES`).
 
     Raises `ActionParseError` naming what is wrong, so a model's malformed call becomes an
     observation it can correct rather than a crash."""
+    if name not in offered:
+        raise ActionParseError(f"unknown tool {shown(name)}; use one of {', '.join(offered)}")
     if isinstance(arguments, str):
         try:
             parsed = json.loads(arguments) if arguments.strip() else {}
@@ -204,15 +251,24 @@ def action_from_tool_call(name: str, arguments: str | dict[str, Any]) -> Action:
                 f"arguments of tool {name!r} are not valid JSON ({error.msg}); "
                 'send an object such as {"command": "ls"}'
             ) from None
+        except (ValueError, RecursionError) as error:  # 5,000-deep nesting, 5,000-digit ints
+            raise ActionParseError(
+                f"arguments of tool {name!r} cannot be read ({type(error).__name__}: "
+                f'{shown(str(error))}); send a flat object such as {{"command": "ls"}}'
+            ) from None
     else:
         parsed = arguments
     if not isinstance(parsed, dict):
-        raise ActionParseError(f"arguments of tool {name!r} must be a JSON object, got {parsed!r}")
+        raise ActionParseError(
+            f"arguments of tool {name!r} must be a JSON object, got {shown(parsed)}"
+        )
 
     def field(key: str) -> str:
         value = parsed.get(key)
         if not isinstance(value, str):
-            raise ActionParseError(f"tool {name!r} needs a string argument {key!r}; got {value!r}")
+            raise ActionParseError(
+                f"tool {name!r} needs a string argument {key!r}; got {shown(value)}"
+            )
         return value
 
     if name == "run_command":
@@ -225,7 +281,7 @@ def action_from_tool_call(name: str, arguments: str | dict[str, Any]) -> Action:
         failing_before = parsed.get("failing_before")
         if not isinstance(failing_before, int) or isinstance(failing_before, bool):
             raise ActionParseError(
-                f"tool 'try_edit' needs an integer argument 'failing_before'; got {failing_before!r}"
+                f"tool 'try_edit' needs an integer argument 'failing_before'; got {shown(failing_before)}"
             )
         return TryEdit(
             field("path"),
@@ -236,7 +292,7 @@ def action_from_tool_call(name: str, arguments: str | dict[str, Any]) -> Action:
         )
     if name == "submit":
         return Submit()
-    raise ActionParseError(f"unknown tool {name!r}; use one of {', '.join(ALL_TOOL_NAMES)}")
+    raise ActionParseError(f"unknown tool {shown(name)}; use one of {', '.join(offered)}")
 
 
 def action_to_json(action: Action) -> str:
@@ -248,7 +304,7 @@ def action_from_json(text: str) -> Action:
     """Inverse of `action_to_json`; raises `ActionParseError` with what to send instead."""
     try:
         parsed = json.loads(text)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         raise ActionParseError(
             'an action is a JSON object such as {"tool": "run_command", "command": "ls"}; '
             f"got {text[:80]!r}"

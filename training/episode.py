@@ -13,6 +13,7 @@ so one broken episode cannot take down a batch of hundreds on a Dask worker.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
@@ -32,7 +33,10 @@ from training.actions import (
     RunCommand,
     Submit,
     TryEdit,
+    action_arguments,
+    action_problem,
     cap_text,
+    clean_text,
     failing_test_count,
 )
 from training.errors import ContextExhaustedError, PolicyUnavailableError
@@ -177,6 +181,16 @@ def _command_observation(result: ExecResult, max_bytes: int) -> Observation:
     return Observation(text, result.exit_code, cut or result.output_truncated)
 
 
+def refuse_unusable(action: Action) -> Action:
+    """`action`, or an `InvalidCall` saying why it cannot be carried out (`action_problem`): a
+    NUL byte or a lone surrogate from a model is its mistake to read about, never a crash."""
+    problem = action_problem(action)
+    if problem is None:
+        return action
+    arguments = clean_text(json.dumps(action_arguments(action), ensure_ascii=False))
+    return InvalidCall(action.tool, arguments, f"tool call not carried out: {problem}")
+
+
 def apply_action(
     sandbox: Sandbox, action: Action, *, timeout_s: float, max_bytes: int
 ) -> tuple[Observation, bool]:
@@ -184,6 +198,9 @@ def apply_action(
 
     Mistakes of the agent (a missing file, an edit whose text is not there) are observations it
     can learn from; `SandboxError`s other than a bad path propagate: they are infra failures."""
+    problem = action_problem(action)
+    if problem is not None:  # a caller that skipped `refuse_unusable` (a Gymnasium agent)
+        return Observation(f"tool call not carried out: {problem}", None), False
     match action:
         case RunCommand(command=command):
             result = sandbox.execute(command, timeout_s=timeout_s)
@@ -319,6 +336,7 @@ def _act(
             if len(steps) >= config.max_steps:
                 break  # the reply's calls past the step budget are not carried out
             first = position == 0
+            action = refuse_unusable(action)
             remaining_s = budget_s - (time.monotonic() - start)
             act_start = time.monotonic()
             try:

@@ -62,6 +62,13 @@ class PolicyUnavailableError(PolicyServerError):
     exit_code = EXIT_UNAVAILABLE
 
 
+class ServedTokensError(PolicyUnavailableError):
+    """The server answered a turn whose token record cannot be kept: ids outside the
+    tokenizer's range or the int32 column, logprobs that are not finite and <= 0, or ids and
+    logprobs of different lengths. The server's failure: an `infra_error`, run again, never
+    stored as `ok` nor trained on."""
+
+
 class ModelNotServedError(PolicyServerError):
     """The server answers but does not serve the model the spec names."""
 

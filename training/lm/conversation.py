@@ -20,7 +20,11 @@ from training.actions import (
     History,
     InvalidCall,
     action_from_tool_call,
+    action_problem,
+    cap_text,
+    clean_text,
     history_messages,
+    shown,
 )
 from training.errors import ActionParseError, ContextExhaustedError
 from training.policy import ChatRecord, Decision, Policy, PolicyIdentity
@@ -152,39 +156,125 @@ def completion_budget(
     return min(max_tokens, room)
 
 
-def decision_from_turn(turn: ChatTurn, *, call_id_prefix: str) -> Decision:
+REPLY_MAX_BYTES = 65_536
+"""UTF-8 bytes of one reply a chat policy keeps, stores and sends back in the next prompt: its
+content is cut to this with a marker (as observations are), and a tool call whose arguments do
+not fit in what is left becomes an `InvalidCall`. A served reply is bounded by `max_tokens`
+only if the server honours it."""
+MAX_CALLS_PER_REPLY = 32
+"""Tool calls of one reply read; the rest are dropped (the step budget ends far sooner)."""
+_MAX_CALL_ID_CHARS = 64
+
+
+def _json_bytes(text: str) -> int:
+    """Bytes `text` takes in the stored and re-sent reply (JSON escapes: a NUL takes six)."""
+    return len(json.dumps(text, ensure_ascii=False).encode())
+
+
+def _cap_content(content: str, max_bytes: int) -> str:
+    """`content` cut (head and tail, with a marker) until its JSON form fits `max_bytes`."""
+    capped, _ = cap_text(content, max_bytes)
+    for _ in range(4):  # escapes can make the JSON form up to six times the text
+        size = _json_bytes(capped)
+        if size <= max_bytes:
+            break
+        capped, _ = cap_text(content, len(capped.encode()) * max_bytes // size - 64)
+    return capped
+
+
+def _call_id(raw: object, fallback: str) -> str:
+    """The model's call id when it is short text, else `fallback` (the id is sent back)."""
+    if isinstance(raw, str) and 0 < len(raw) <= _MAX_CALL_ID_CHARS and clean_text(raw) is raw:
+        return raw
+    return fallback
+
+
+def _read_call(call: object, index: int, budget_bytes: int) -> tuple[str, str, Action]:
+    """One entry of `tool_calls` as (name, arguments text, action); anything unusable — not
+    an object, a name not offered, arguments that are not a flat JSON object, too long, or
+    naming a path with a NUL byte — is an `InvalidCall` saying what to send instead."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict):
+        text = cap_text(clean_text(shown(call, 200)), 200)[0]
+        return "", text, InvalidCall("", text, NOT_A_CALL.format(index=index, got=text))
+    raw_name = function.get("name")
+    name = clean_text(raw_name)[:_MAX_CALL_ID_CHARS] if isinstance(raw_name, str) else ""
+    raw = function.get("arguments")
+    if isinstance(raw, str):
+        arguments = clean_text(raw)
+    else:  # some servers send the object itself
+        try:
+            arguments = clean_text(json.dumps(raw if raw is not None else {}, ensure_ascii=False))
+        except (ValueError, TypeError, RecursionError):
+            arguments = shown(raw, 200)
+    size = _json_bytes(arguments)
+    if size > budget_bytes:
+        kept = cap_text(arguments, 200)[0]
+        error = (
+            f"tool call not carried out: its arguments are {size} bytes, more than the "
+            f"{budget_bytes} left of the reply's byte budget; send a smaller call"
+        )
+        return name, kept, InvalidCall(name, kept, error)
+    try:
+        action = action_from_tool_call(name, arguments, offered=TOOL_NAMES)
+    except ActionParseError as error:
+        return name, arguments, InvalidCall(name, arguments, f"tool call not carried out: {error}")
+    problem = action_problem(action)
+    if problem is not None:
+        return (
+            name,
+            arguments,
+            InvalidCall(name, arguments, f"tool call not carried out: {problem}"),
+        )
+    return name, arguments, action
+
+
+NOT_A_CALL = (
+    "tool call #{index} not carried out: it is not an object with a `function` holding `name` "
+    "and `arguments` (got {got})"
+)
+
+
+def decision_from_turn(
+    turn: ChatTurn, *, call_id_prefix: str, reply_max_bytes: int = REPLY_MAX_BYTES
+) -> Decision:
     """The reply as a decision: every tool call in order (one the runner cannot read becomes an
-    `InvalidCall` answered under its id), or one `InvalidCall` when there is none."""
-    content = turn.message.get("content")
+    `InvalidCall` answered under its id), or one `InvalidCall` when there is none. Whatever the
+    reply holds, this returns: the reply is the model's, its mistakes are observations."""
+    raw_content = turn.message.get("content")
+    if raw_content is not None and not isinstance(raw_content, str):
+        raw_content = shown(raw_content, reply_max_bytes)
+    content = (
+        None if raw_content is None else _cap_content(clean_text(raw_content), reply_max_bytes)
+    )
+    budget_bytes = reply_max_bytes - (_json_bytes(content) if content else 0)
     calls = turn.message.get("tool_calls") or []
+    problems = list(turn.format_problems)
+    if not isinstance(calls, list):
+        problems.append(f"tool_calls is not a list but {shown(calls, 60)}")
+        calls = []
     actions: list[Action] = []
     call_ids: list[str] = []
     sent_calls = []
-    for index, call in enumerate(calls):
-        function = call.get("function") or {}
-        name = str(function.get("name") or "")
-        arguments = function.get("arguments")
-        if not isinstance(arguments, str):  # some servers send the object itself
-            arguments = json.dumps(arguments if arguments is not None else {})
-        call_id = str(call.get("id") or f"{call_id_prefix}_{index}")
-        try:
-            actions.append(action_from_tool_call(name, arguments))
-        except ActionParseError as error:
-            actions.append(InvalidCall(name, arguments, f"tool call not carried out: {error}"))
+    for index, call in enumerate(calls[:MAX_CALLS_PER_REPLY]):
+        name, arguments, action = _read_call(call, index, budget_bytes)
+        budget_bytes = max(0, budget_bytes - _json_bytes(arguments))
+        raw_id = call.get("id") if isinstance(call, dict) else None
+        call_id = _call_id(raw_id, f"{call_id_prefix}_{index}")
+        actions.append(action)
         call_ids.append(call_id)
         sent_calls.append(
             {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
         )
-    # What goes back into the next prompt: the reply as sent, with the ids the answers use.
+    # What goes back into the next prompt: the reply as read, with the ids the answers use.
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if sent_calls:
         message["tool_calls"] = sent_calls
     else:
         explained = NO_TOOL_CALL
-        if turn.format_problems:
-            problems = "; ".join(turn.format_problems)
-            explained = f"Your tool call could not be read ({problems}). {NO_TOOL_CALL}"
-        actions.append(InvalidCall("", str(content or ""), explained))
+        if problems:
+            explained = f"Your tool call could not be read ({'; '.join(problems)}). {NO_TOOL_CALL}"
+        actions.append(InvalidCall("", content or "", explained))
     record = ChatRecord(
         model=turn.model,
         prompt_token_ids=turn.prompt_token_ids,
@@ -204,6 +294,7 @@ class ChatPolicy(Policy):
     def __init__(self, sampling: ChatSampling, *, min_completion_tokens: int = 16) -> None:
         self.sampling = sampling
         self.min_completion_tokens = min_completion_tokens
+        self.reply_max_bytes = REPLY_MAX_BYTES
         self._seed: int | None = None
 
     @property
@@ -232,7 +323,9 @@ class ChatPolicy(Policy):
     def act(self, history: History) -> Decision:
         messages = history_messages(history, system_prompt=SYSTEM_PROMPT)
         turn = self.complete(messages, seed=self.request_seed(history))
-        return decision_from_turn(turn, call_id_prefix=f"call_{len(history.turns)}")
+        return decision_from_turn(
+            turn, call_id_prefix=f"call_{len(history.turns)}", reply_max_bytes=self.reply_max_bytes
+        )
 
     @abc.abstractmethod
     def complete(self, messages: list[dict[str, Any]], *, seed: int | None) -> ChatTurn:

@@ -22,11 +22,13 @@ from typing import Any
 import httpx
 
 from rollyard.settings import settings
+from training.actions import clean_text, shown
 from training.errors import (
     ContextExhaustedError,
     ModelNotServedError,
     PolicyServerError,
     PolicyUnavailableError,
+    ServedTokensError,
 )
 from training.lm.conversation import (
     TOOL_SCHEMAS,
@@ -35,6 +37,7 @@ from training.lm.conversation import (
     ChatTurn,
     completion_budget,
 )
+from training.lm.tokens import sampled_tokens_problem
 
 API_KEY_VARIABLES = ("ROLLYARD_OPENAI_API_KEY", "OPENAI_API_KEY")
 """Where the API key is read from, first found wins."""
@@ -51,7 +54,16 @@ class ClientSettings:
     """How the `openai:` policy talks to its server."""
 
     timeout_s: float = 120.0
-    """Per request."""
+    """Per connect and per read (bounded by what is left of `request_deadline_s`)."""
+    request_deadline_s: float | None = None
+    """The most one request may take, retries and every read included; None reads
+    `ROLLYARD_OPENAI_REQUEST_DEADLINE_S` (default 600) when the policy is made. Checked between
+    reads, so a request ends at most one read timeout past it."""
+    max_response_bytes: int = 256 * 2**20
+    """The largest answer body read; a bigger one is the server's failure."""
+    vocab_size: int | None = None
+    """The served model's vocabulary, when known (a trainer with the weights says): token ids
+    outside it are the server's failure. None checks ids against the int32 column only."""
     max_retries: int = 3
     """Retries after connection errors, timeouts, 429 and 5xx."""
     retry_backoff_s: float = 0.5
@@ -110,6 +122,11 @@ def _server_message(response: httpx.Response) -> str:
             message = body["detail"]
         return _one_line(str(message if message is not None else body))
     return _one_line(str(body))
+
+
+def _sleep_until(wait_s: float, deadline: float) -> None:
+    """Sleep `wait_s`, or until `deadline` if that comes first."""
+    time.sleep(max(0.0, min(wait_s, deadline - time.monotonic())))
 
 
 def open_client(base_url: str, timeout_s: float) -> httpx.Client:
@@ -183,7 +200,11 @@ class OpenAIPolicy(ChatPolicy):
         super().__init__(sampling or ChatSampling())
         self.base_url = base_url.rstrip("/")
         self.model = model
-        self.client_settings = client or ClientSettings()
+        client = client or ClientSettings()
+        if client.request_deadline_s is None:  # resolved here, so workers keep the caller's
+            deadline_s = settings().openai_request_deadline_s
+            client = dataclasses.replace(client, request_deadline_s=deadline_s)
+        self.client_settings = client
         self._version = version
         self.context_tokens = self.client_settings.context_tokens
         self._http: httpx.Client | None = None
@@ -270,14 +291,19 @@ class OpenAIPolicy(ChatPolicy):
     def _post(self, body: dict[str, Any]) -> dict[str, Any]:
         settings = self.client_settings
         where = f"{self.base_url}/chat/completions"
+        deadline_s = settings.request_deadline_s or float("inf")
+        deadline = time.monotonic() + deadline_s
         last_problem = "no attempt made"
         for attempt in range(settings.max_retries + 1):
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:
+                break
             try:
-                response = self._client().post("chat/completions", json=body)
+                response = self._read_answer(body, deadline, min(settings.timeout_s, remaining_s))
             except httpx.TransportError as error:  # refused, reset, timed out: retry
                 last_problem = f"{type(error).__name__}: {_one_line(str(error), 100)}"
                 if attempt < settings.max_retries:
-                    time.sleep(settings.retry_backoff_s * 2**attempt)
+                    _sleep_until(settings.retry_backoff_s * 2**attempt, deadline)
                 continue
             if response.status_code in _RETRIED_STATUS_CODES:
                 last_problem = f"HTTP {response.status_code}: {_server_message(response)}"
@@ -285,29 +311,65 @@ class OpenAIPolicy(ChatPolicy):
                     wait_s = _retry_after_s(response)
                     if wait_s is None:
                         wait_s = settings.retry_backoff_s * 2**attempt
-                    time.sleep(min(wait_s, settings.max_retry_after_s))
+                    _sleep_until(min(wait_s, settings.max_retry_after_s), deadline)
                 continue
             if response.status_code >= 400:
                 raise self._rejected(response, body)
-            try:
-                payload = response.json()
-            except ValueError:
-                raise PolicyServerError(
-                    f"{where} answered HTTP {response.status_code} with a body that is not "
-                    f"JSON: {_one_line(response.text, 100)!r}; is the base URL an OpenAI-"
-                    "compatible /v1 endpoint?",
-                    response.status_code,
-                ) from None
-            if not isinstance(payload, dict) or not payload.get("choices"):
-                raise PolicyServerError(
-                    f"{where} answered JSON without `choices`: {_one_line(str(payload), 100)}",
-                    response.status_code,
-                )
-            return payload
+            return self._payload(response)
+        if time.monotonic() >= deadline:
+            raise PolicyUnavailableError(
+                f"{where} gave no complete answer within the request deadline of "
+                f"{deadline_s:g}s (ROLLYARD_OPENAI_REQUEST_DEADLINE_S); last: {last_problem}",
+                None,
+            )
         raise PolicyUnavailableError(
             f"{where} failed {settings.max_retries + 1} time(s); last: {last_problem}",
             None,
         )
+
+    def _read_answer(
+        self, body: dict[str, Any], deadline: float, timeout_s: float
+    ) -> httpx.Response:
+        """One attempt, its body read chunk by chunk so neither a trickle past `deadline` nor
+        a body past `max_response_bytes` is waited for or held; raises `ReadTimeout` then."""
+        limit = self.client_settings.max_response_bytes
+        timeout = httpx.Timeout(timeout_s)
+        with self._client().stream("POST", "chat/completions", json=body, timeout=timeout) as got:
+            chunks: list[bytes] = []
+            size = 0
+            for chunk in got.iter_bytes():
+                size += len(chunk)
+                chunks.append(chunk)
+                if time.monotonic() > deadline:
+                    raise httpx.ReadTimeout("the request deadline passed while reading the answer")
+                if size > limit:
+                    raise PolicyUnavailableError(
+                        f"{self.base_url}/chat/completions answered more than {limit} bytes "
+                        "(ClientSettings.max_response_bytes); the server is not answering "
+                        "as a chat completion should",
+                        got.status_code,
+                    )
+        # The chunks are decoded already: the copy must not decode them again.
+        headers = [(k, v) for k, v in got.headers.items() if k.lower() != "content-encoding"]
+        return httpx.Response(got.status_code, headers=headers, content=b"".join(chunks))
+
+    def _payload(self, response: httpx.Response) -> dict[str, Any]:
+        where = f"{self.base_url}/chat/completions"
+        try:
+            payload = response.json()
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
+            raise PolicyServerError(
+                f"{where} answered HTTP {response.status_code} with a body that is not "
+                f"JSON: {_one_line(response.text[:300], 100)!r}; is the base URL an OpenAI-"
+                "compatible /v1 endpoint?",
+                response.status_code,
+            ) from None
+        if not isinstance(payload, dict) or not payload.get("choices"):
+            raise PolicyServerError(
+                f"{where} answered JSON without `choices`: {_one_line(shown(payload, 300), 100)}",
+                response.status_code,
+            )
+        return payload
 
     def _rejected(self, response: httpx.Response, body: dict[str, Any]) -> Exception:
         """The one-line error for a 4xx the server will answer the same way every time."""
@@ -336,28 +398,52 @@ class OpenAIPolicy(ChatPolicy):
         return PolicyServerError(f"{where} rejected the request (HTTP {status}): {message}", status)
 
     def _turn(self, payload: dict[str, Any]) -> ChatTurn:
-        choice = payload["choices"][0]
-        message = choice.get("message") or {}
-        tokens_logprobs = (choice.get("logprobs") or {}).get("content") or []
-        logprobs = tuple(float(entry.get("logprob", 0.0)) for entry in tokens_logprobs)
+        """The first choice as a turn; its token ids and logprobs checked before anything keeps
+        them (`sampled_tokens_problem`): a bad record is the server's failure, `ServedTokensError`."""
+        where = f"{self.base_url}/chat/completions"
+        choices = payload["choices"]
+        choice = choices[0] if isinstance(choices, list) else None
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if not isinstance(choice, dict) or not isinstance(message, dict | None):
+            raise PolicyServerError(
+                f"{where} answered a choice that is not a chat message: "
+                f"{_one_line(shown(choices, 300), 100)}",
+                None,
+            )
+        entries = (
+            (choice.get("logprobs") or {}).get("content")
+            if isinstance(choice.get("logprobs"), dict | None)
+            else None
+        )
+        entries = entries if isinstance(entries, list) else []
+        logprobs = [e.get("logprob") if isinstance(e, dict) else e for e in entries]
         completion_ids = choice.get("token_ids")
         if not isinstance(completion_ids, list):
-            spelled = [str(entry.get("token", "")) for entry in tokens_logprobs]
+            spelled = [str(e.get("token", "")) if isinstance(e, dict) else "" for e in entries]
             completion_ids = [
                 int(token[9:])
                 for token in spelled
-                if token.startswith("token_id:") and token[9:].isdigit()
+                if token.startswith("token_id:") and token[9:].isdigit() and len(token) < 40
             ]
             if len(completion_ids) != len(spelled):
                 completion_ids = []
         prompt_ids = payload.get("prompt_token_ids") or choice.get("prompt_token_ids") or []
+        if not isinstance(prompt_ids, list):
+            prompt_ids = [prompt_ids]
+        problem = sampled_tokens_problem(
+            prompt_ids, completion_ids, logprobs, vocab_size=self.client_settings.vocab_size
+        )
+        if problem is not None:
+            raise ServedTokensError(f"{where} answered an unusable token record: {problem}")
+        model = payload.get("model")
+        finish = choice.get("finish_reason")
         return ChatTurn(
-            model=str(payload.get("model") or self.model),
-            message=message,
-            prompt_token_ids=tuple(int(i) for i in prompt_ids),
-            completion_token_ids=tuple(int(i) for i in completion_ids),
-            completion_logprobs=logprobs,
-            finish_reason=choice.get("finish_reason"),
+            model=clean_text(model)[:200] if isinstance(model, str) and model else self.model,
+            message=message or {},
+            prompt_token_ids=tuple(prompt_ids),
+            completion_token_ids=tuple(completion_ids),
+            completion_logprobs=tuple(float(lp or 0.0) for lp in logprobs),  # numbers, checked
+            finish_reason=clean_text(finish)[:40] if isinstance(finish, str) else None,
         )
 
     def close(self) -> None:

@@ -41,6 +41,48 @@ class TurnTokens:
             )
 
 
+TOKEN_ID_MAX = 2**31 - 1
+"""The largest id the steps table's `int32` token columns hold."""
+LOGPROB_MIN = -3.4e38
+"""The most negative logprob the steps table's `float32` column holds as a finite number."""
+
+
+def _problem_ids(ids: Sequence[object], what: str, vocab_size: int | None) -> str | None:
+    limit = TOKEN_ID_MAX if vocab_size is None else vocab_size - 1
+    for position, token in enumerate(ids):
+        if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token <= limit:
+            where = "the int32 column" if vocab_size is None else f"a vocabulary of {vocab_size}"
+            return f"{what} id {token!r} at position {position} is not an integer in 0..{limit} ({where})"
+    return None
+
+
+def sampled_tokens_problem(
+    prompt_ids: Sequence[object],
+    completion_ids: Sequence[object],
+    logprobs: Sequence[object],
+    *,
+    vocab_size: int | None = None,
+) -> str | None:
+    """What makes a turn's token record unfit to store or train on, or None: an id that is
+    not an integer in the tokenizer's range (or, the vocabulary unknown, the int32 column's),
+    a logprob that is not a finite number <= 0 within float32, or sampled ids and logprobs of
+    different lengths. A served answer is input: it is checked before anything keeps it."""
+    for ids, what in ((prompt_ids, "prompt token"), (completion_ids, "completion token")):
+        problem = _problem_ids(ids, what, vocab_size)
+        if problem is not None:
+            return problem
+    for position, logprob in enumerate(logprobs):
+        number = isinstance(logprob, int | float) and not isinstance(logprob, bool)
+        if not number or not LOGPROB_MIN <= logprob <= 0.0:  # type: ignore[operator]
+            return (
+                f"logprob {logprob!r} at position {position} is not a finite number "
+                f"in {LOGPROB_MIN:g}..0"
+            )
+    if completion_ids and len(logprobs) != len(completion_ids):
+        return f"{len(completion_ids)} sampled token ids but {len(logprobs)} logprobs"
+    return None
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class TrainingSequence:
     """What a token-level trainer feeds the model: ids, which of them were sampled (the loss

@@ -148,15 +148,21 @@ class LMTrainer(Trainer):
         requests name the last update's adapter (the version is the adapter's digest)."""
         if self.served is None:
             return HFPolicy(self.policy_dir, sampling=self.sampling)
-        from training.lm.openai_policy import OpenAIPolicy
+        from training.lm.openai_policy import ClientSettings, OpenAIPolicy
 
+        # The trainer has the weights, so the policy knows which token ids the model has.
+        client = ClientSettings(vocab_size=int(self.model.config.vocab_size))
         if self.policy_dir == self.base_model_dir:
             return OpenAIPolicy(
-                self.served.base_url, self.served.base_model, sampling=self.sampling
+                self.served.base_url, self.served.base_model, sampling=self.sampling, client=client
             )
         name = self.adapter_name
         return OpenAIPolicy(
-            self.served.base_url, name, sampling=self.sampling, version=f"openai:{name}"
+            self.served.base_url,
+            name,
+            sampling=self.sampling,
+            client=client,
+            version=f"openai:{name}",
         )
 
     @property
