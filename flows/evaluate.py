@@ -26,10 +26,12 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.errors import FlowSettingsError
 from flows.shard_watch import completed_while_workers_remain
+from flows.stores import check_store_before_use
 from flows.train_tasks import gate_iteration, rollout_shard
 from rollyard.status import is_trainable
 from storage import CheckpointInfo, StoreError, TrajectoryStore
 from storage.gates import GateSettings
+from storage.lease import writer_lease
 from training.episode import EpisodeConfig
 from training.evaluation import (
     PASS_AT_K_SOURCE,
@@ -91,6 +93,14 @@ def evaluate_one(
 
 @flow(name="evaluate", log_prints=False)
 def evaluate(params: EvaluateParams) -> list[dict[str, Any]]:
+    # A writer like `train`: the store's lease for the whole flow (nested when the caller
+    # holds it already, see `run_evaluation`), damage refused first.
+    check_store_before_use(params.store)
+    with writer_lease(params.store, run_id=params.run_id or "-", purpose="evaluate"):
+        return _evaluate_checkpoints(params)
+
+
+def _evaluate_checkpoints(params: EvaluateParams) -> list[dict[str, Any]]:
     logger = get_run_logger()
     store = TrajectoryStore(params.store)
     pending = checkpoints_to_evaluate(store, run_id=params.run_id, latest=params.latest)
@@ -128,7 +138,12 @@ def run_evaluation(params: EvaluateParams) -> list[dict[str, Any]]:
     """Run the flow on embedded defaults (a local Prefect API unless `PREFECT_API_URL` is set)."""
     from flows.runtime import prefect_api, prefect_home_for
 
-    with prefect_api(prefect_home_for(params.store)):
+    # The lease before the Prefect server, whose database lives under the store (as for train).
+    check_store_before_use(params.store)
+    with (
+        writer_lease(params.store, run_id=params.run_id or "-", purpose="evaluate"),
+        prefect_api(prefect_home_for(params.store)),
+    ):
         return evaluate(params)
 
 
@@ -257,6 +272,12 @@ def read_policy_evaluation(
 
 @flow(name="evaluate-policy", log_prints=False)
 def evaluate_policy(settings: PolicyEvaluationSettings) -> PolicyEvaluation:
+    check_store_before_use(settings.store)
+    with writer_lease(settings.store, run_id=settings.run_id or "-", purpose="evaluate"):
+        return _evaluate_policy(settings)
+
+
+def _evaluate_policy(settings: PolicyEvaluationSettings) -> PolicyEvaluation:
     logger = get_run_logger()
     started = time.monotonic()
     # Before any episode and any write: the spec parses, the server answers with the model and
@@ -330,5 +351,9 @@ def run_policy_evaluation(
     from flows.runtime import dask_task_runner, prefect_api, prefect_home_for
 
     runner = dask_task_runner(workers, dask_address)
-    with prefect_api(prefect_home_for(settings.store)):
+    check_store_before_use(settings.store)
+    with (
+        writer_lease(settings.store, run_id=settings.run_id or "-", purpose="evaluate"),
+        prefect_api(prefect_home_for(settings.store)),
+    ):
         return evaluate_policy.with_options(task_runner=runner)(settings)

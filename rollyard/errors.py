@@ -57,6 +57,20 @@ def exit_code_for(error: BaseException) -> int:
     return EXIT_FAILED
 
 
+class OutPathError(RollyardError, ValueError):
+    """A path a command was told to write (`--out`) is one it must not write: a link, a
+    directory, a device or FIFO, a non-empty directory (`rollyard.out_paths`)."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
 class SettingsError(RollyardError, ValueError):
     """An environment variable holds a value its setting cannot take (`rollyard.settings`)."""
 

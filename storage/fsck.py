@@ -21,8 +21,8 @@ What a crash can leave, and what repair does about each (`Problem.kind`):
 Nothing is deleted: quarantined files keep their relative paths. Findings that an active writer
 could be causing (orphans, uncommitted shards, leftovers, younger than `IN_FLIGHT_GRACE_S` or
 while a live writer holds the lease) are left alone. `check_before_use` is the cheap part
-(referenced files exist with their recorded sizes), which `train --resume`, `report` and `query`
-run before they read or write.
+(referenced files exist with their recorded sizes and Parquet's magic bytes), which every command
+that reads or writes a store runs first (`flows.stores.open_store`).
 """
 
 from __future__ import annotations
@@ -219,7 +219,7 @@ def check_store(
 
 def check_before_use(root: str | os.PathLike[str]) -> None:
     """The cheap part of the check, before a command reads or writes a store: every file the
-    logs reference exists with its recorded size, every log loads. Raises `CorruptFileError` with
+    logs reference exists with its recorded size and Parquet's magic bytes, every log loads. Raises `CorruptFileError` with
     the first damage found (the line `store check` prints for it); a store not made yet passes."""
     text = os.fspath(root)
     if "://" in text and not text.startswith("file://"):
@@ -329,6 +329,10 @@ def _check_file(
     if recorded is not None and size != recorded:
         return problem("truncated", f"{size} bytes on disk, the log records {recorded}")
     if not full:
+        # Two 4-byte reads: same-size garbage (a bad disk, an overwrite) fails here, before a
+        # reader fails on it somewhere inside DuckDB or Arrow.
+        if not _has_parquet_magic(path, size):
+            return problem("unreadable", "not a Parquet file (no PAR1 magic at its start and end)")
         return None
     try:
         rows = pq.ParquetFile(path).metadata.num_rows
@@ -338,6 +342,18 @@ def _check_file(
     if recorded_rows is not None and rows != recorded_rows:
         return problem("unreadable", f"holds {rows} rows, the log records {recorded_rows}")
     return None
+
+
+def _has_parquet_magic(path: Path, size: int) -> bool:
+    if size < 8:
+        return False
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(4)
+            handle.seek(size - 4)
+            return head == b"PAR1" and handle.read(4) == b"PAR1"
+    except OSError:
+        return False
 
 
 def _data_files(directory: Path) -> list[tuple[str, float]]:

@@ -41,6 +41,8 @@ from storage.shard_log import orphan_step_files
 if TYPE_CHECKING:
     import duckdb
 
+# Words of Arrow's and DuckDB's errors for a data page that does not decode (its footer read).
+_PAGE_DAMAGE = ("thrift", "tprotocol", "parquet", "corrupt", "decompress", "snappy", "zstd")
 # Tables DuckDB reads with its own Parquet reader in a local store (see `SnapshotReader.register`).
 _NATIVE_TABLES = ("episodes", "steps")
 _HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
@@ -109,7 +111,7 @@ class SnapshotReader:
                 columns=list(columns) if columns is not None else None, filter=condition
             )
         except (pa.ArrowException, OSError) as error:
-            self._raise_if_corrupt((name,))
+            self.raise_if_corrupt((name,), error)
             raise QueryError(
                 f"reading {self.engine.table_uri(name)}: {first_line(error)}"
             ) from error
@@ -230,7 +232,7 @@ class SnapshotReader:
         except (duckdb.ParserException, duckdb.CatalogException, duckdb.BinderException) as error:
             raise QueryError(f"SQL error: {first_line(error)}") from error
         except duckdb.Error as error:
-            self._raise_if_corrupt(tuple(TABLES))
+            self.raise_if_corrupt(tuple(TABLES), error)
             raise QueryError(f"query failed: {first_line(error)}") from error
         finally:
             con.close()
@@ -247,21 +249,19 @@ class SnapshotReader:
         that any DuckDB client (the CLI, DBeaver, another language) opens without rollyard: a
         view per table reading the snapshot's Parquet files in place where DuckDB's reader sees
         the same rows, a copy of the rows elsewhere (small tables of cut partition names, remote
-        stores), and the derived views. Returns the tables copied. Written to a temporary file
-        first and renamed, so `path` is never half-written; write it again to see newer data.
+        stores), and the derived views. Returns the tables copied. Written beside `path` and
+        renamed over it (`rollyard.out_paths.replacing_file`: a new path or a regular file,
+        never a link, directory or device), so `path` is never half-written; write it again to
+        see newer data.
         """
         import duckdb
 
-        target = Path(path).absolute()
-        if not target.parent.is_dir():
-            raise QueryError(f"{path}: its directory does not exist; create it first")
-        if target.is_dir():
-            raise QueryError(f"{path}: is a directory; name a file such as store.duckdb")
-        partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
-        partial.unlink(missing_ok=True)
+        from rollyard.out_paths import check_file_target, replacing_file
+
+        check_file_target(path, "OUT")
         tables, hidden = self.snapshot(tuple(TABLES))
         copied: list[str] = []
-        try:
+        with replacing_file(path, "OUT", create=False) as partial:
             con = duckdb.connect(str(partial))
             try:
                 for name, table in tables.items():
@@ -269,25 +269,33 @@ class SnapshotReader:
                     if table is not None and not self.engine.remote:
                         uri = self.engine.table_uri(name)
                         sql = _parquet_view_sql(TABLES[name], table, uri, hidden)
-                    if sql is not None:
-                        con.execute(f"CREATE VIEW {name} AS {sql}")
-                        continue
-                    con.register("snapshot_rows", self._dataset(name, table, hidden))
-                    con.execute(f"CREATE TABLE {name} AS SELECT * FROM snapshot_rows")
+                    try:
+                        if sql is not None:
+                            con.execute(f"CREATE VIEW {name} AS {sql}")
+                            continue
+                        con.register("snapshot_rows", self._dataset(name, table, hidden))
+                        con.execute(f"CREATE TABLE {name} AS SELECT * FROM snapshot_rows")
+                    except duckdb.Error as error:
+                        # DuckDB reads the files' footers here: a damaged file fails the view.
+                        self.raise_if_corrupt((name,), error)
+                        raise QueryError(f"{name}: {first_line(error)}") from error
                     con.unregister("snapshot_rows")
                     copied.append(name)
                 for name, sql in DERIVED_VIEWS.items():
                     con.execute(f"CREATE VIEW {name} AS {sql}")
             finally:
                 con.close()
-            partial.replace(target)
-        except BaseException:
-            partial.unlink(missing_ok=True)
-            raise
         return copied
 
-    def _raise_if_corrupt(self, names: Sequence[str]) -> None:
-        """After a failed read, find an unreadable data file and raise naming it."""
+    def raise_if_corrupt(self, names: Sequence[str], error: BaseException | None = None) -> None:
+        """After a failed read, find an unreadable data file and raise naming it. Footers are
+        read first; when they all read and `error` reads like a damaged page (`_PAGE_DAMAGE`),
+        the files' pages too: a cost paid only on the way to an error."""
+        deep = error is not None and any(w in str(error).lower() for w in _PAGE_DAMAGE)
+        for depth in (False, True) if deep else (False,):
+            self._find_unreadable(names, pages=depth)
+
+    def _find_unreadable(self, names: Sequence[str], *, pages: bool) -> None:
         for name in names:
             table = self.engine.open(TABLES[name], create=False)
             if table is None:
@@ -300,7 +308,9 @@ class SnapshotReader:
                     path = relative.split(f"/{name}/", 1)[-1]
                 try:
                     with filesystem.open_input_file(path) as handle:
-                        pq.ParquetFile(handle).metadata  # noqa: B018 - reading it is the check
+                        parquet = pq.ParquetFile(handle)
+                        for group in range(parquet.num_row_groups if pages else 0):
+                            parquet.read_row_group(group)
                 except (pa.ArrowException, OSError) as error:
                     raise CorruptFileError(
                         f"{uri}/{path}: unreadable Parquet file in table {name!r} "

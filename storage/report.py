@@ -17,8 +17,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rollyard.out_paths import check_file_target, replacing_file
+from storage.commits import first_line
+from storage.errors import QueryError
 from storage.gates import ITERATION_SUITE
 from storage.gx_project import gate_docs_pages
+from storage.schemas import TABLES
 from storage.store import TrajectoryStore
 
 Rows = list[dict[str, Any]]
@@ -110,9 +114,18 @@ def collect(store: TrajectoryStore, *, run_id: str | None = None) -> dict[str, R
     sql["iterations"] = sql["iterations"].format(reward_curve=NAMED_QUERIES["reward_curve"].sql)
     for name in _NAMED_SECTIONS:
         sql[name] = NAMED_QUERIES[name].sql
+    import duckdb
+
     con = store.connect()
     try:
         tables = {name: con.sql(query).to_arrow_table().to_pylist() for name, query in sql.items()}
+    except duckdb.Error as error:
+        # A data file damaged past what the store check before use sees (its bytes, not its
+        # size): the error names the file, else says which section failed.
+        store.reader.raise_if_corrupt(tuple(TABLES), error)
+        raise QueryError(
+            f"{store.root}: the report's queries failed: {first_line(error)}"
+        ) from error
     finally:
         con.close()
     if run_id is not None:
@@ -335,17 +348,18 @@ def write_report(
     run_id: str | None = None,
     title: str = "rollyard report",
 ) -> Path:
-    """Write the report of `store` (or of one run) to `out`, atomically; returns the path."""
-    tables = collect(store, run_id=run_id)
+    """Write the report of `store` (or of one run) to `out`, whole or not at all; returns the
+    path. `out` is a new file in an existing directory or a regular file to replace (the rules
+    of `rollyard.out_paths`: never a link, a directory or a device); checked before reading."""
     path = Path(out)
+    check_file_target(path)
+    tables = collect(store, run_id=run_id)
     html_text = render_html(
         tables,
         title=title,
         source=store.root,
         gate_docs=_gate_docs_links(store.root, tables["gates"], path.absolute().parent),
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(html_text, encoding="utf-8")
-    temporary.replace(path)
+    with replacing_file(path) as partial:
+        partial.write_text(html_text, encoding="utf-8")
     return path

@@ -33,16 +33,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def audit_command(args: argparse.Namespace) -> int:
-    from storage import StoreError, TrajectoryStore
+    from flows.stores import open_store
+    from storage import StoreError
+    from storage.errors import StoreNotFoundError
 
     if not Path(args.tasks).is_dir():
         raise CliError(f"--tasks {args.tasks} is not a directory", EXIT_USAGE)
     if args.top_k < 1:
         raise CliError(f"--top-k must be at least 1, got {args.top_k}", EXIT_USAGE)
     try:
-        TrajectoryStore(args.store, create=False)
-    except StoreError as error:
+        open_store(args.store)
+    except StoreNotFoundError as error:
         raise CliError(str(error), EXIT_USAGE) from error
+    except StoreError as error:
+        raise CliError(str(error), error.exit_code) from error
 
     from flows.audit import AuditParams, audit
     from flows.runtime import prefect_api, prefect_home_for
@@ -54,7 +58,14 @@ def audit_command(args: argparse.Namespace) -> int:
         iterations=tuple(args.iteration),
         top_k=args.top_k,
     )
-    with prefect_api(prefect_home_for(args.store)), progress(f"auditing run {args.run_id}"):
+    from storage.lease import writer_lease
+
+    # The lease before the Prefect server, whose database lives under the store.
+    with (
+        writer_lease(args.store, run_id=args.run_id, purpose="audit"),
+        prefect_api(prefect_home_for(args.store)),
+        progress(f"auditing run {args.run_id}"),
+    ):
         findings = audit(params)
     for finding in findings:
         emit(finding.as_row())

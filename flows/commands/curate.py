@@ -109,6 +109,7 @@ def curate_command(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from flows.curate import CurateParams, run_curation, task_dirs_from
+    from flows.stores import writing_store
     from tasks_lib.errors import CurationError, CurationSettingsError, TaskNotFoundError
 
     reference = (None, None)
@@ -131,7 +132,11 @@ def _run(args: argparse.Namespace) -> list[dict[str, Any]]:
             batch_id=args.batch_id,
             decontamination=args.decontamination,
         )
-        return run_curation(params, workers=max(1, args.workers), dask_address=args.dask_address)
+        # A writer of the tasks table (and of the Prefect database under the store).
+        with writing_store(params.store, purpose="curate", create=True):
+            return run_curation(
+                params, workers=max(1, args.workers), dask_address=args.dask_address
+            )
     except (ValueError, TaskNotFoundError, CurationError, CurationSettingsError) as error:
         raise CliError(str(error), EXIT_USAGE) from error
 
@@ -139,10 +144,10 @@ def _run(args: argparse.Namespace) -> list[dict[str, Any]]:
 def _explain(store_root: str, task_id: str, output: str) -> int:
     """Print the latest verdict of `task_id` in the store: every rule, the other task and the
     similarity of each part compared."""
-    from storage import TrajectoryStore
+    from flows.stores import open_store
 
     rows = (
-        TrajectoryStore(store_root)
+        open_store(store_root, create=True)
         .query(
             "SELECT task_id, task_version, status, reason, batch_id, recorded_at "
             "FROM tasks_latest WHERE task_id = ? ORDER BY recorded_at DESC",

@@ -77,11 +77,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def evaluate_command(args: argparse.Namespace) -> int:
     from flows.evaluate import PolicyEvaluationSettings, run_policy_evaluation
+    from flows.stores import check_store_before_use
     from training.lm.spec import check_policy_spec, parse_policy_spec
 
     tasks_dir = Path(args.tasks)
     if not tasks_dir.is_dir():
         raise CliError(f"--tasks {tasks_dir} is not a directory", EXIT_USAGE)
+    check_store_before_use(args.store)  # a damaged store: one line, exit 4, nothing started
     sampling = sampling_from(args)
     # Before anything runs or is written: the spec parses (exit 2) and its policy can act (a
     # server that does not answer: exit 3; one without the model or tool calling: exit 2).

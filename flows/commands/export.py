@@ -37,7 +37,7 @@ def register(subparsers: Any) -> None:
         help="the dataset layout: Hugging Face conversations, TRL or verl",
     )
     add_format_option(parser)
-    parser.add_argument("--out", required=True, help="a new (or empty) directory")
+    parser.add_argument("--out", required=True, help="a new or empty directory (never a link)")
     parser.add_argument(
         "--include-masked",
         action="store_true",
@@ -47,30 +47,33 @@ def register(subparsers: Any) -> None:
 
 
 def export_command(args: argparse.Namespace) -> int:
-    from storage import StoreError, TrajectoryStore
+    from flows.stores import open_store
+    from rollyard.out_paths import check_directory_target, filling_directory
+    from storage import StoreError
     from training.export import export_store
     from training.stored import IterationRange
 
     iterations = IterationRange.parse(args.iterations) if args.iterations else None
+    check_directory_target(args.out)
     try:
-        store = TrajectoryStore(args.store, create=False)
-        with progress("exporting episodes"):
+        store = open_store(args.store)
+        with progress("exporting episodes"), filling_directory(args.out) as staged:
             result = export_store(
                 store,
-                args.out,
+                staged.path,
                 export_format=args.layout,
                 run_id=args.run,
                 iterations=iterations,
                 include_masked=args.include_masked,
             )
     except StoreError as error:
-        raise CliError(str(error)) from error
+        raise CliError(str(error), error.exit_code) from error
     emit(
         {
             "rows": result.rows,
             "episodes_read": result.episodes_read,
             "layout": args.layout,
-            "path": str(result.path),
+            "path": str(staged.final(result.path)),
         }
     )
     return 0

@@ -22,7 +22,9 @@ def register_tasks_commands(commands: argparse._SubParsersAction[argparse.Argume
         "generate", help="write N tasks of a built-in family (" + ", ".join(FAMILIES) + ")"
     )
     generate.add_argument("family", choices=FAMILIES, metavar="FAMILY", help=" | ".join(FAMILIES))
-    generate.add_argument("--out", required=True, type=Path, help="directory to write the tasks to")
+    generate.add_argument(
+        "--out", required=True, type=Path, help="a new or empty directory for the tasks"
+    )
     generate.add_argument(
         "--count", type=int_between(1, MAX_COUNT), default=8, help="tasks to write"
     )
@@ -50,8 +52,10 @@ def register_tasks_commands(commands: argparse._SubParsersAction[argparse.Argume
 
 
 def generate_command(args: argparse.Namespace) -> int:
+    from rollyard.out_paths import check_directory_target, filling_directory
     from tasks_lib import TaskError
 
+    check_directory_target(args.out)
     try:
         if args.family == "data_analysis":
             from tasks_lib.sources.families.data_analysis import (
@@ -63,7 +67,8 @@ def generate_command(args: argparse.Namespace) -> int:
             from tasks_lib.sources.families.settings import generate_flags_tasks as generate
         else:
             from tasks_lib.sources.families.ops import generate_ops_tasks as generate
-        paths = generate(args.out, args.count, args.seed)
+        with filling_directory(args.out) as staged:
+            paths = generate(staged.path, args.count, args.seed)
     except (TaskError, OSError) as error:
         raise CliError(f"cannot write {args.family} tasks to {args.out}: {error}") from error
     emit({"family": args.family, "out": str(args.out), "count": len(paths), "seed": args.seed,

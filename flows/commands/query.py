@@ -38,8 +38,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from storage import NAMED_QUERIES, StoreError, TrajectoryStore
-    from storage.fsck import check_before_use
+    from flows.stores import open_store
+    from storage import NAMED_QUERIES, StoreError
 
     if args.list_named:
         for name, query in sorted(NAMED_QUERIES.items()):
@@ -48,8 +48,7 @@ def run(args: argparse.Namespace) -> int:
     if (args.sql is None) == (args.named is None):
         raise CliError("give either SQL or --named NAME (see --list-named)", EXIT_USAGE)
     try:
-        store = TrajectoryStore(args.store, create=False)
-        check_before_use(store.root)
+        store = open_store(args.store)
         if args.named:
             table = store.named(args.named)
         else:

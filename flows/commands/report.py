@@ -22,7 +22,11 @@ def register(subparsers: Any) -> None:
         ),
     )
     add_store_option(parser)
-    parser.add_argument("--out", default=None, help="output file (default STORE/report.html)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="output file: a new path or a regular file to replace (default STORE/report.html)",
+    )
     parser.add_argument("--run-id", default=None, help="report on this run only")
     parser.add_argument("--title", default="rollyard report", help="the report's title")
     add_format_option(parser)
@@ -30,13 +34,12 @@ def register(subparsers: Any) -> None:
 
 
 def report_command(args: argparse.Namespace) -> int:
-    from storage import StoreError, TrajectoryStore
-    from storage.fsck import check_before_use
+    from flows.stores import open_store
+    from storage import StoreError
     from storage.report import write_report
 
     try:
-        store = TrajectoryStore(args.store, create=False)
-        check_before_use(store.root)
+        store = open_store(args.store)
         out = Path(args.out) if args.out else Path(store.root) / "report.html"
         path = write_report(store, out, run_id=args.run_id, title=args.title)
     except StoreError as error:

@@ -64,9 +64,10 @@ def _store_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def _store(args: argparse.Namespace) -> Any:
-    from storage import TrajectoryStore
+    from flows.stores import open_store
 
-    return TrajectoryStore(args.store)
+    # Created when absent (an empty queue, no agreement yet), refused when damaged (exit 4).
+    return open_store(args.store, create=True)
 
 
 def queue_command(args: argparse.Namespace) -> int:
@@ -114,15 +115,16 @@ def show_command(args: argparse.Namespace) -> int:
 
 
 def record_command(args: argparse.Namespace) -> int:
+    from flows.stores import writing_store
     from rollyard.settings import settings
     from storage import StoreError
 
     reviewer = args.reviewer or settings().reviewer or getpass.getuser()
-    store = _store(args)
     context = {"verifier": args.verifier, "family": args.family}
     try:
-        review_id = store.reviews.record(args.episode_id, args.verdict, reviewer=reviewer,
-                                        note=args.note, context=context)  # fmt: skip
+        with writing_store(args.store, purpose="review record", create=True) as store:
+            review_id = store.reviews.record(args.episode_id, args.verdict, reviewer=reviewer,
+                                            note=args.note, context=context)  # fmt: skip
     except StoreError as error:
         raise CliError(str(error)) from error
     emit({"review_id": review_id, "episode_id": args.episode_id, "verdict": args.verdict,

@@ -28,7 +28,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--tasks", required=True, type=Path, help="directory of task directories")
     parser.add_argument("--policy", required=True, help="hf:DIR, the model to start from")
-    parser.add_argument("--out", required=True, type=Path, help="new directory for the model")
+    parser.add_argument(
+        "--out", required=True, type=Path, help="a new or empty directory for the model"
+    )
     parser.add_argument(
         "--steps",
         type=int_between(1, MAX_COUNT),
@@ -96,6 +98,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def sft_command(args: argparse.Namespace) -> int:
     from flows.sft import SFTParams, run_sft_flow
+    from flows.stores import writing_store
+    from rollyard.out_paths import check_directory_target, filling_directory
     from training.lm.sft import SFTSettings
 
     params = SFTParams(
@@ -115,8 +119,18 @@ def sft_command(args: argparse.Namespace) -> int:
         change_styles=("edit", "rewrite") if args.file_changes == "both" else (args.file_changes,),
     )
     params.model_dir()  # a spec that is not hf:DIR fails here, before anything starts
-    result = run_sft_flow(
-        params, store=args.store, workers=args.workers, dask_address=args.dask_address
-    )
-    emit(dataclasses.asdict(result))
+    check_directory_target(args.out)
+    # The model is written into a staging directory renamed to --out once whole.
+    # The lease: the flow's Prefect database lives under the store, one writer at a time.
+    with (
+        writing_store(args.store, purpose="sft", create=True),
+        filling_directory(args.out) as staged,
+    ):
+        result = run_sft_flow(
+            dataclasses.replace(params, out=str(staged.path)),
+            store=args.store,
+            workers=args.workers,
+            dask_address=args.dask_address,
+        )
+    emit(dataclasses.asdict(result) | {"out_dir": str(staged.final(result.out_dir))})
     return 0

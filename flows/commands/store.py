@@ -148,11 +148,12 @@ def register(subparsers: Any) -> None:
 def duckdb_file_command(args: argparse.Namespace) -> int:
     import duckdb
 
-    from storage import StoreError, TrajectoryStore
+    from flows.stores import open_store
+    from storage import StoreError
     from storage.queries import load_delta_extension
 
     try:
-        store = TrajectoryStore(args.store, create=False)
+        store = open_store(args.store)
         copied = store.write_duckdb_file(args.out)
     except StoreError as error:
         raise CliError(str(error), error.exit_code) from error
@@ -170,7 +171,8 @@ def duckdb_file_command(args: argparse.Namespace) -> int:
 
 
 def vacuum_command(args: argparse.Namespace) -> int:
-    from storage import StoreError, TrajectoryStore
+    from flows.stores import writing_store
+    from storage import StoreError
 
     older_than = (
         timedelta(hours=args.uncommitted_older_than)
@@ -178,10 +180,10 @@ def vacuum_command(args: argparse.Namespace) -> int:
         else None
     )
     try:
-        store = TrajectoryStore(args.store, create=False)
-        result = store.vacuum(
-            uncommitted_older_than=older_than, retention_hours=args.retention_hours
-        )
+        with writing_store(args.store, purpose="store vacuum") as store:
+            result = store.vacuum(
+                uncommitted_older_than=older_than, retention_hours=args.retention_hours
+            )
     except StoreError as error:
         raise CliError(str(error), error.exit_code) from error
     emit(
@@ -196,11 +198,12 @@ def vacuum_command(args: argparse.Namespace) -> int:
 
 
 def compact_command(args: argparse.Namespace) -> int:
-    from storage import StoreError, TrajectoryStore
+    from flows.stores import writing_store
+    from storage import StoreError
 
     try:
-        store = TrajectoryStore(args.store, create=False)
-        result = store.compact(run_id=args.run_id, iteration=args.iteration)
+        with writing_store(args.store, purpose="store compact") as store:
+            result = store.compact(run_id=args.run_id, iteration=args.iteration)
     except StoreError as error:
         raise CliError(str(error), error.exit_code) from error
     emit(

@@ -30,7 +30,9 @@ def register_tasks_commands(commands: argparse._SubParsersAction[argparse.Argume
     )
     synth.add_argument("project", type=Path, metavar="PROJECT_DIR",
                        help="root of the Python project to mutate")  # fmt: skip
-    synth.add_argument("--out", required=True, type=Path, help="directory to write the tasks to")
+    synth.add_argument(
+        "--out", required=True, type=Path, help="a new or empty directory for the tasks"
+    )
     synth.add_argument("--max", type=int_between(1, MAX_COUNT), default=10, dest="max_tasks",
                        help="tasks to keep at most (default 10)")  # fmt: skip
     synth.add_argument("--max-mutants", type=int_between(1, MAX_COUNT), default=None,
@@ -61,7 +63,9 @@ def register_tasks_commands(commands: argparse._SubParsersAction[argparse.Argume
                           help="SWE-bench instances, one JSON object per line")  # fmt: skip
     swebench.add_argument("--repos", required=True, type=Path,
                           help="mirror directory of local clones (bare or not)")  # fmt: skip
-    swebench.add_argument("--out", required=True, type=Path, help="directory to write tasks to")
+    swebench.add_argument(
+        "--out", required=True, type=Path, help="a new or empty directory for the tasks"
+    )
     swebench.add_argument("--specs", type=Path, default=None, metavar="FILE.json",
                           help="install specs by repo and version, in SWE-bench's shape "
                           "(default: the local Python, pip install -e .)")  # fmt: skip
@@ -76,6 +80,7 @@ def register_tasks_commands(commands: argparse._SubParsersAction[argparse.Argume
 
 
 def synthesize_command(args: argparse.Namespace) -> int:
+    from rollyard.out_paths import check_directory_target, filling_directory
     from sandboxes import SandboxError
     from tasks_lib import TaskError
     from tasks_lib.curate import CurationSettings
@@ -83,6 +88,7 @@ def synthesize_command(args: argparse.Namespace) -> int:
 
     if not args.project.is_dir():
         raise CliError(f"{args.project} is not a directory; pass a Python project root")
+    check_directory_target(args.out)
     client = None
     cluster = None
     try:
@@ -98,12 +104,17 @@ def synthesize_command(args: argparse.Namespace) -> int:
                 client = Client(cluster)
         # A mutant breaking more tests than curation admits is dropped here already.
         max_fail_to_pass = CurationSettings.from_env().max_fail_to_pass
-        with progress(f"synthesizing tasks from {args.project}"):
+        with (
+            progress(f"synthesizing tasks from {args.project}"),
+            filling_directory(args.out) as staged,
+        ):
             report = synthesize_tasks(
-                args.project, args.out, max_tasks=args.max_tasks, seed=args.seed,
+                args.project, staged.path, max_tasks=args.max_tasks, seed=args.seed,
                 max_mutants=args.max_mutants, executor=client, check=not args.no_check,
                 max_fail_to_pass=max_fail_to_pass,
             )  # fmt: skip
+            if not report.tasks_kept:
+                staged.discard()
     except (TaskError, SandboxError, OSError) as error:
         raise CliError(f"cannot synthesize tasks from {args.project}: {error}") from error
     finally:
@@ -111,19 +122,28 @@ def synthesize_command(args: argparse.Namespace) -> int:
             client.close()
         if cluster is not None:
             cluster.close()
-    emit(report.to_json())
+    emit(report.to_json() | {"task_dirs": [str(staged.final(d)) for d in report.task_dirs]})
     return 0 if report.tasks_kept else EXIT_NOTHING
 
 
 def import_swebench_command(args: argparse.Namespace) -> int:
+    from rollyard.out_paths import check_directory_target, filling_directory
     from tasks_lib import TaskError
-    from tasks_lib.sources.swebench import import_swebench
+    from tasks_lib.sources.swebench import ImportedRow, import_swebench
 
+    def emit_row(row: ImportedRow) -> None:
+        task_dir = str(staged.final(row.task_dir)) if row.task_dir else ""
+        emit(row.to_json() | {"task_dir": task_dir})
+
+    check_directory_target(args.out)
     try:
-        report = import_swebench(
-            args.instances, args.repos, args.out, limit=args.limit, specs=args.specs,
-            check=not args.no_check, progress=lambda row: emit(row.to_json()),
-        )  # fmt: skip
+        with filling_directory(args.out) as staged:
+            report = import_swebench(
+                args.instances, args.repos, staged.path, limit=args.limit, specs=args.specs,
+                check=not args.no_check, progress=emit_row,
+            )  # fmt: skip
+            if not report.imported:
+                staged.discard()
     except (TaskError, OSError) as error:
         raise CliError(str(error)) from error
     print(

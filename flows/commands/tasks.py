@@ -28,7 +28,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     commands = tasks.add_subparsers(dest="tasks_command", required=True, metavar="COMMAND")
 
     demo = commands.add_parser("demo", help="write N tasks of the built-in bug-fix family")
-    demo.add_argument("--out", required=True, type=Path, help="directory to write the tasks to")
+    demo.add_argument(
+        "--out", required=True, type=Path, help="a new or empty directory for the tasks"
+    )
     demo.add_argument("--count", type=int_between(1, MAX_COUNT), default=10, help="tasks to write")
     demo.add_argument("--seed", type=seed, default=0, help="seed of the generator")
     add_format_option(demo, default="json")
@@ -38,7 +40,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "checkout", help="materialize the workspace the agent starts from"
     )
     checkout.add_argument("task", type=Path, metavar="TASK", help="the task directory")
-    checkout.add_argument("dest", type=Path, metavar="DEST", help="new directory to create")
+    checkout.add_argument(
+        "dest", type=Path, metavar="DEST", help="a new or empty directory (never a link)"
+    )
     checkout.add_argument(
         "--solved", action="store_true", help="with the reference solution applied"
     )
@@ -93,10 +97,13 @@ def _load(path: Path) -> Any:
 
 
 def demo_command(args: argparse.Namespace) -> int:
+    from rollyard.out_paths import check_directory_target, filling_directory
     from tasks_lib import TaskError, generate_demo_tasks
 
+    check_directory_target(args.out)
     try:
-        paths = generate_demo_tasks(args.out, args.count, args.seed)
+        with filling_directory(args.out) as staged:
+            paths = generate_demo_tasks(staged.path, args.count, args.seed)
     except (TaskError, OSError) as error:
         raise CliError(f"cannot write demo tasks to {args.out}: {error}") from error
     emit(
@@ -111,15 +118,18 @@ def demo_command(args: argparse.Namespace) -> int:
 
 
 def checkout_command(args: argparse.Namespace) -> int:
+    from rollyard.out_paths import check_directory_target, filling_directory
     from sandboxes import SandboxError
     from tasks_lib import TaskError, checkout
 
     task = _load(args.task)
+    check_directory_target(args.dest, "DEST")
     try:
-        dest = checkout(task, args.dest, solved=args.solved)
+        with filling_directory(args.dest, "DEST") as staged:
+            checkout(task, staged.path, solved=args.solved)
     except (TaskError, SandboxError, OSError) as error:
         raise CliError(f"cannot check out {task.id} to {args.dest}: {error}") from error
-    emit({"task_id": task.id, "dest": str(dest), "solved": args.solved})
+    emit({"task_id": task.id, "dest": str(args.dest), "solved": args.solved})
     return 0
 
 
