@@ -82,7 +82,7 @@ _RESOLVE = (
     'p=$(realpath -m -- "$1") || exit 2; '
     'case "$p" in /workspace/*) ;; *) echo "$p" >&2; exit 3;; esac; '
     'if [ "$2" = read ] || [ "$2" = ends ]; then [ -d "$p" ] && exit 4; [ -e "$p" ] || exit 5; '
-    '[ -f "$p" ] || exit 6; [ "$2" = read ] && exec cat -- "$p"; '
+    '[ -f "$p" ] || exit 6; [ -r "$p" ] || exit 9; [ "$2" = read ] && exec cat -- "$p"; '
     # ends: the size, then the file if it fits in $3 bytes, else its first and last $3 bytes
     # (tail seeks: the middle is never read)
     'n=$(stat -c %s -- "$p") || exit 8; echo "$n"; [ "$n" -le "$3" ] && exec cat -- "$p"; '
@@ -104,11 +104,14 @@ _DESCRIBE = (
     "        return ['D']\n"
     "    if not stat.S_ISREG(st.st_mode):\n"
     "        return ['-']\n"  # a FIFO, socket or device node: no candidate carries one
-    "    digest = hashlib.sha256()\n"
-    "    with open(path, 'rb') as handle:\n"
-    "        for chunk in iter(lambda: handle.read(1 << 20), b''):\n"
-    "            digest.update(chunk)\n"
-    "    return ['F', '%o' % stat.S_IMODE(st.st_mode), digest.hexdigest()]\n"
+    "    mode, digest = '%o' % stat.S_IMODE(st.st_mode), hashlib.sha256()\n"
+    "    try:\n"
+    "        with open(path, 'rb') as handle:\n"
+    "            for chunk in iter(lambda: handle.read(1 << 20), b''):\n"
+    "                digest.update(chunk)\n"
+    "    except OSError:\n"
+    "        return ['F', mode, '']\n"  # unreadable (its mode): changed; reading it is refused
+    "    return ['F', mode, digest.hexdigest()]\n"
     "names = open(sys.argv[1], 'rb').read().split(b'\\0')\n"
     "json.dump([describe(os.fsdecode(name)) for name in names], sys.stdout)\n"
 )
@@ -470,6 +473,8 @@ class DockerSandbox(Sandbox):
             raise FileNotFoundError(f"no file {path!r} in the workspace")
         if code == 6:
             raise WorkspacePathError(f"{path!r} is not a regular file (a FIFO, socket or device)")
+        if code == 9:  # a mode the command set: commands and reads here run as the same uid
+            raise PermissionError(f"{path!r} is not readable: its mode denies reading")
         if code != 0:
             raise SandboxSetupError(f"cannot resolve {path!r}: {err.decode(errors='replace')}")
         return code, out, err

@@ -217,7 +217,10 @@ class CandidateChanges:
         def read_within_bounds(path: str) -> bytes:
             # Only as much as the candidate may hold is read: a huge file the agent wrote is
             # refused by its size, never read whole into the verifier's memory.
-            ends = sandbox.read_file_ends(path, max_bytes=bounds.max_bytes)
+            try:
+                ends = sandbox.read_file_ends(path, max_bytes=bounds.max_bytes)
+            except PermissionError as error:  # a mode the agent set (docker reads as its uid)
+                raise CandidateBoundsError(f"{error}; the candidate is not run") from None
             if ends.truncated:
                 raise CandidateBoundsError(
                     f"changed file {path[:80]!r} is {ends.size_bytes} bytes, more than the "

@@ -89,3 +89,20 @@ def test_a_task_verifies_on_the_docker_backend(engine: None, tmp_path: Path) -> 
     untouched = verify(task, None, backend="docker")
     assert (solved.status, solved.reward) == ("ok", 1.0), solved.detail
     assert (untouched.status, untouched.reward) == ("ok", 0.0), untouched.detail
+
+
+def test_a_file_the_command_made_unreadable_is_the_commands_doing(
+    engine: None, tmp_path: Path
+) -> None:
+    from sandboxes import SandboxError, open_sandbox
+    from tasks_lib.errors import CandidateBoundsError
+    from tasks_lib.verify.candidate import CandidateChanges
+
+    with open_sandbox(make_snapshot(tmp_path / "s"), backend="docker") as sandbox:
+        assert sandbox.execute("echo '# x' >> calc.py && chmod 000 calc.py").exit_code == 0
+        for read in (sandbox.read_file, lambda p: sandbox.read_file_ends(p, max_bytes=100)):
+            with pytest.raises(PermissionError) as raised:
+                read("calc.py")
+            assert not isinstance(raised.value, SandboxError)  # an observation, not infra
+        with pytest.raises(CandidateBoundsError, match="not readable"):
+            CandidateChanges.from_sandbox(sandbox)
