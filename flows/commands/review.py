@@ -126,7 +126,7 @@ def record_command(args: argparse.Namespace) -> int:
             review_id = store.reviews.record(args.episode_id, args.verdict, reviewer=reviewer,
                                             note=args.note, context=context)  # fmt: skip
     except StoreError as error:
-        raise CliError(str(error)) from error
+        raise CliError(str(error), error.exit_code) from error
     emit({"review_id": review_id, "episode_id": args.episode_id, "verdict": args.verdict,
             "reviewer": reviewer})  # fmt: skip
     return 0
