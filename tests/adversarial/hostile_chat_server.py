@@ -2,9 +2,10 @@
 class of hostile answer (NUL bytes, lone surrogates, 5,000-deep JSON, tool calls that are not
 objects, tools that were not offered, a 50 MB reply, bad token ids or logprobs, a trickle).
 
-An episode is told apart by its sampling seed: a chat policy asks turn t with the episode's seed
-plus the turns in its history (`ChatPolicy.request_seed`), so `seed - turns` names the episode,
-replays included. Modes go to episodes in the order their first requests arrive. Every call a
+An episode is told apart by its task's instruction (the prompt's first user message), so every
+attempt of an episode (recovery runs an infrastructure failure again) meets the same mode: run
+one sample of as many tasks as there are modes. Modes go to tasks in the order their first
+requests arrive. Every call a
 scored mode makes carries an id starting with the mode's name, so a test reads each stored
 episode's mode back from its steps' `tool_call_id`s; an infrastructure mode leaves no step and
 its episode's error names the cause.
@@ -144,7 +145,7 @@ class HostileChatServer:
     def __init__(self, modes: tuple[str, ...], *, trickle_s: float = 0.25) -> None:
         self.modes = modes
         self.trickle_s = trickle_s
-        self.episode_modes: dict[int, str] = {}
+        self.episode_modes: dict[str, str] = {}
         self.requests: dict[str, int] = {}
         """Chat requests answered per mode (replays and retries included)."""
         self.closing = threading.Event()
@@ -217,15 +218,16 @@ class HostileChatServer:
         turn = sum(1 for m in messages if m.get("role") == "assistant")
         if body.get("max_tokens") == 1:
             return "probe", turn
-        observations = sum(1 for m in messages if m.get("role") in ("user", "tool")) - 1
-        episode_seed = (int(body.get("seed", 0)) - observations) % 2**31
+        instruction = next(
+            (str(m.get("content")) for m in messages if m.get("role") == "user"), ""
+        )
         with self._lock:
-            if episode_seed not in self.episode_modes:
+            if instruction not in self.episode_modes:
                 taken = len(self.episode_modes)
-                self.episode_modes[episode_seed] = (
+                self.episode_modes[instruction] = (
                     self.modes[taken] if taken < len(self.modes) else "normal"
                 )
-            mode = self.episode_modes[episode_seed]
+            mode = self.episode_modes[instruction]
             self.requests[mode] = self.requests.get(mode, 0) + 1
         return mode, turn
 
