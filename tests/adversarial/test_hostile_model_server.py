@@ -222,3 +222,56 @@ def test_a_50_mb_reply_keeps_the_rollout_process_memory_bounded(
     # The 50 MB answer passes through the client once (body, then decoded text): a few times its
     # size at the peak, not growing with the turns that follow.
     assert huge["peak_rss_mb"] - normal["peak_rss_mb"] < 250, (normal, huge)
+
+
+@pytest.mark.slow  # a LoRA update of a tiny model after four bwrap episodes through the flow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(
+    "hostile", [("nul", "huge_reply", "nan_logprobs", "malformed")], indirect=True
+)
+def test_hostile_answers_through_train_are_scored_or_replayed_never_trained_on_as_ok(
+    hostile: HostileChatServer,
+    dask_address: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from flows.train import run_training
+    from flows.train_settings import TrainSettings
+    from training.lm.conversation import ChatSampling
+    from training.lm.tiny import TinyModelSize, build_tiny_model
+
+    for name, value in GATE_ENV.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("ROLLYARD_OPENAI_REQUEST_DEADLINE_S", str(DEADLINE_S))
+    generate_demo_tasks(tmp_path / "tasks", 4, seed=11)
+    size = TinyModelSize(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1,
+    )  # fmt: skip
+    model = build_tiny_model(tmp_path / "model", seed=0, size=size)
+    settings = TrainSettings(
+        tasks_dir=str(tmp_path / "tasks"),
+        store=str(tmp_path / "store"),
+        run_id="hostile-train",
+        policy=hostile.spec,
+        trainer_model=str(model),
+        sampling=ChatSampling(max_tokens=24),
+        iterations=1,
+        tasks_per_iteration=4,
+        group_size=1,
+        shards_per_iteration=2,
+        max_steps=6,
+        max_attempts=2,
+        schedule="round_robin",
+    )
+    (summary,) = run_training(settings, dask_address=dask_address)
+    assert summary.episodes == 4
+    store = TrajectoryStore(tmp_path / "store")
+    found = episode_modes(store, "hostile-train")
+    statuses = {mode: episode["status"] for mode, episode in found.values()}
+    assert statuses == {
+        "nul": "ok", "huge_reply": "ok", "nan_logprobs": "infra_error", "malformed": "format_error",
+    }  # fmt: skip
+    check_nothing_non_finite(store, "hostile-train")
+    (checkpoint,) = store.checkpoints.recorded("hostile-train")
+    assert checkpoint.metadata["trainer"] == "lm"
