@@ -218,9 +218,7 @@ class HostileChatServer:
         turn = sum(1 for m in messages if m.get("role") == "assistant")
         if body.get("max_tokens") == 1:
             return "probe", turn
-        instruction = next(
-            (str(m.get("content")) for m in messages if m.get("role") == "user"), ""
-        )
+        instruction = next((str(m.get("content")) for m in messages if m.get("role") == "user"), "")
         with self._lock:
             if instruction not in self.episode_modes:
                 taken = len(self.episode_modes)
