@@ -164,13 +164,24 @@ def validate_command(args: argparse.Namespace) -> int:
 
 
 def check_command(args: argparse.Namespace) -> int:
-    from tasks_lib import TaskError, check_task, find_task_dirs, load_task
+    from tasks_lib import TaskError, TaskValidationError, check_task, find_task_dirs, load_task
 
     def one(path: Path) -> dict[str, Any]:
         try:
             task = load_task(path)
         except TaskError as error:
-            return {"task_id": _declared_id(path), "ok": False, "problems": [str(error)]}
+            # One problem a line, each naming its task.toml key, as `tasks validate` lists them.
+            problems = (
+                [str(issue) for issue in error.issues]
+                if isinstance(error, TaskValidationError)
+                else [str(error)]
+            )
+            return {
+                "task_id": _declared_id(path),
+                "path": str(path),
+                "ok": False,
+                "problems": problems,
+            }
         result = check_task(task)
         summary: dict[str, Any] = {
             "task_id": task.id,

@@ -10,6 +10,8 @@ import shlex
 from typing import Any
 
 from sandboxes import Limits
+from sandboxes.base import LIMIT_MAXIMA
+from sandboxes.errors import InvalidLimitsError
 from tasks_lib.format.harbor import HarborConfig
 from tasks_lib.format.issues import MISSING, IssueCollector, relative_inside
 from tasks_lib.format.model import DEFAULT_TEST_COMMAND, TEST_RUNNERS, TestRunner
@@ -41,6 +43,8 @@ ROLLYARD_FIELDS = {
     "rules": "table of the rule verifier (checks, overlay_dir)",
 }
 EXTRA_LIMIT_FIELDS = ("agent_timeout_s", "verify_timeout_s")
+TIMEOUT_MAXIMUM_S = LIMIT_MAXIMA["wall_time_s"]
+"""The largest agent or verifier timeout: a day, like the longest single sandbox command."""
 
 
 def rollyard_table(check: IssueCollector, doc: dict[str, Any]) -> object:
@@ -55,17 +59,29 @@ def rollyard_table(check: IssueCollector, doc: dict[str, Any]) -> object:
 
 
 def number_field(
-    check: IssueCollector, table: dict[str, Any], key: str, field: str
+    check: IssueCollector,
+    table: dict[str, Any],
+    key: str,
+    field: str,
+    *,
+    maximum: float = math.inf,
 ) -> float | None:
-    """A positive finite number at `table[key]` (None when absent or bad; an issue if bad)."""
+    """A positive finite number at `table[key]`, at most `maximum` (None when absent or bad; an
+    issue naming the allowed range if bad)."""
     if key not in table:
         return None
     value = table[key]
+    top = f"{int(maximum):,}" if float(maximum).is_integer() else f"{maximum:,g}"
+    allowed = "a positive number" if maximum == math.inf else f"a number in (0, {top}]"
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        check.add("task.toml", field, value, "must be a number", "write a positive number")
+        check.add("task.toml", field, value, "must be a number", f"write {allowed}")
         return None
     if value <= 0:
-        check.add("task.toml", field, value, "must be positive", "write a positive number")
+        check.add("task.toml", field, value, "must be positive", f"write {allowed}")
+        return None
+    if value > maximum:
+        check.add("task.toml", field, value, f"is over its maximum {top}",
+                  f"write {allowed}")  # fmt: skip
         return None
     return float(value)
 
@@ -203,13 +219,17 @@ def task_limits(
     environment = doc.get("environment", {})
     if isinstance(environment, dict):
         for key, name in (("cpus", "cpus"), ("memory_mb", "memory_mb"), ("storage_mb", "disk_mb")):
-            number = number_field(check, environment, key, f"environment.{key}")
+            number = number_field(
+                check, environment, key, f"environment.{key}", maximum=LIMIT_MAXIMA[name]
+            )
             if number is not None:
                 values[name] = number
     for section, target in (("agent", "agent"), ("verifier", "verify")):
         table = doc.get(section, {})
         if isinstance(table, dict):
-            number = number_field(check, table, "timeout_sec", f"{section}.timeout_sec")
+            number = number_field(
+                check, table, "timeout_sec", f"{section}.timeout_sec", maximum=TIMEOUT_MAXIMUM_S
+            )
             if number is not None:
                 if target == "agent":
                     agent_timeout_s = number
@@ -235,7 +255,8 @@ def task_limits(
                 f"use one of {', '.join((*LIMIT_FIELDS, *EXTRA_LIMIT_FIELDS))}",
             )
             continue
-        number = number_field(check, table, key, f"rollyard.limits.{key}")
+        maximum = LIMIT_MAXIMA.get(key, TIMEOUT_MAXIMUM_S)
+        number = number_field(check, table, key, f"rollyard.limits.{key}", maximum=maximum)
         if number is None:
             continue
         if key == "agent_timeout_s":
@@ -248,4 +269,10 @@ def task_limits(
     for key, number in values.items():
         default = getattr(defaults, key)
         typed[key] = math.ceil(number) if isinstance(default, int) else number
-    return defaults.replace(**typed), agent_timeout_s, verify_timeout_s
+    try:
+        limits = defaults.replace(**typed)
+    except InvalidLimitsError as error:
+        # Each key was checked above; this keeps a rule Limits adds later a per-task issue.
+        check.add("task.toml", "rollyard.limits", typed, str(error), "fix the limit it names")
+        limits = defaults
+    return limits, agent_timeout_s, verify_timeout_s

@@ -131,3 +131,40 @@ def test_a_link_inside_the_task_is_fine(task: Path) -> None:
     first = next(path for path in workspace.rglob("*.py"))
     (workspace / "alias.py").symlink_to(first.relative_to(workspace))
     assert validate(task) == (0, [])
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", *args],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT_S,
+    )
+
+
+def test_one_task_over_a_limit_maximum_leaves_every_other_task_reported(tmp_path: Path) -> None:
+    # One bad task once aborted the whole directory with "Limits.wall_time_s must be at most".
+    from tasks_lib.sources.families.demo.generate import generate_demo_tasks
+
+    paths = generate_demo_tasks(tmp_path / "tasks", 3, seed=5)
+    bad = paths[1]
+    toml = (bad / "task.toml").read_text()
+    toml = toml.replace("wall_time_s = 60.0", "wall_time_s = 1e9", 1)
+    toml = toml.replace("[agent]\ntimeout_sec = 600.0", "[agent]\ntimeout_sec = 1e12", 1)
+    (bad / "task.toml").write_text(toml)
+    for command in ("validate", "check"):
+        result = run_cli("tasks", command, str(tmp_path / "tasks"))
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+        rows = {row["task_id"]: row for row in map(json.loads, result.stdout.splitlines())}
+        assert sorted(rows) == sorted(path.name for path in paths), result.stdout
+        good = [name for name, row in rows.items() if row["ok"]]
+        assert sorted(good) == sorted(path.name for path in paths if path != bad)
+        problems = rows[bad.name]["errors" if command == "validate" else "problems"]
+        assert problems == [
+            "task.toml: agent.timeout_sec = 1000000000000.0: is over its maximum 86,400; "
+            "write a number in (0, 86,400]",
+            "task.toml: rollyard.limits.wall_time_s = 1000000000.0: is over its maximum 86,400; "
+            "write a number in (0, 86,400]",
+        ], problems
