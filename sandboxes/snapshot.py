@@ -196,6 +196,17 @@ def check_tree(root: Path, bounds: TreeBounds | None = None) -> TreeSize:
     return size
 
 
+def check_plain_tree(root: Path, bounds: TreeBounds | None = None) -> TreeSize:
+    """What a sandbox refuses of any tree it is handed, found by `stat` alone before a file is
+    read: a system path or pseudo file system (/, /dev, /proc, /sys), a tree beyond `bounds`,
+    device files, FIFOs and sockets. Links are left to the caller. Returns the tree's size."""
+    check_workspace_root(root)
+    entries, size = _walk(root, bounds or TreeBounds())
+    for relpath, st in entries:
+        check_file_type(root, relpath, st)
+    return size
+
+
 def _entries(root: Path, bounds: TreeBounds | None = None) -> list[tuple[str, os.stat_result]]:
     return _walk(root, bounds or TreeBounds())[0]
 
@@ -215,7 +226,13 @@ def _check_entry(root: Path, relpath: str, st: os.stat_result) -> None:
                 f"snapshot {root}: symlink {relpath} -> {target} points outside the snapshot; "
                 "make it relative and inside, or replace it with the file it names"
             )
-    elif not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+    else:
+        check_file_type(root, relpath, st)
+
+
+def check_file_type(root: Path, relpath: str, st: os.stat_result) -> None:
+    """Refuse a device file, FIFO or socket: opening one can block or read without end."""
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode)):
         raise SnapshotError(
             f"snapshot {root}: {relpath} is not a regular file, directory or symlink; "
             "remove device files, sockets and FIFOs from the workspace"

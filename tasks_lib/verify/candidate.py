@@ -19,7 +19,7 @@ from pathlib import Path
 
 from sandboxes import Sandbox, SandboxError, WorkspaceDiff
 from sandboxes.errors import SnapshotError
-from sandboxes.snapshot import MAX_DEPTH, MAX_PATH_BYTES, TreeBounds, tree_size
+from sandboxes.snapshot import MAX_DEPTH, MAX_PATH_BYTES, TreeBounds, check_plain_tree
 from tasks_lib.errors import CandidateBoundsError, CandidateError
 
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
@@ -101,7 +101,8 @@ class CandidateChanges:
     ) -> CandidateChanges:
         """Compare `candidate_dir` (the workspace as the agent left it) with `snapshot_dir`.
 
-        The directory is walked by `stat` within `bounds.tree` before any file is read. Links
+        The directory is walked by `stat` within `bounds.tree` before any file is read, and
+        refused as a sandbox refuses a tree (a system path, device files, FIFOs, sockets). Links
         are recorded, never followed: a link may point anywhere on this machine.
         """
         candidate = Path(candidate_dir)
@@ -111,9 +112,11 @@ class CandidateChanges:
                 f"candidate {candidate} is not a directory; pass the workspace the agent left"
             )
         try:
-            tree_size(candidate, bounds.tree)
+            # The refusals of `sandbox run` (/dev, /proc, /, FIFOs, ...): one check for both.
+            check_plain_tree(candidate, bounds.tree)
         except SnapshotError as error:
-            raise CandidateBoundsError(str(error).replace("snapshot ", "candidate ", 1)) from None
+            message = str(error).split(" ", 1)[1]  # "snapshot X: ..." / "workspace X is ..."
+            raise CandidateBoundsError(f"candidate {message}") from None
         files: dict[str, bytes] = {}
         symlinks: dict[str, str] = {}
         seen: set[str] = set()
