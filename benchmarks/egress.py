@@ -4,7 +4,8 @@ what the allowlist adds to a sandbox's start and to each command (the relay star
 
     python benchmarks/egress.py [--fetches N] [--opens M] [--backends bwrap,docker]
 
-The target is an HTTP server on the host's loopback, allowed by name (`localhost`). Each fetch
+The target is an HTTP server on the host's loopback, allowed by name and port (`localhost:PORT`:
+a loopback port is reached only when named). Each fetch
 opens a new connection (the proxy carries one plain-HTTP request per connection), timed inside
 one Python process per batch so a sandbox's exec cost is not counted; host and sandbox batches
 alternate, so both see the same machine load. Prints p50/p95 in
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,7 +36,6 @@ from sandbox_startup import timed  # the same timing loop as the sandbox start-u
 from sandboxes import Limits, SandboxError, open_sandbox
 
 BODY = b"x" * 1024
-ALLOWED = ("localhost",)
 
 # Runs on the host (direct: no proxy) and in the sandbox (through the proxy its environment
 # names): N fetches, each on a new connection, printed as milliseconds.
@@ -104,7 +105,7 @@ def measure_backend(
     per_round = max(1, fetches // ROUNDS)
     with tempfile.TemporaryDirectory(prefix="egress-bench-") as workspace:
         Path(workspace, "README").write_text("egress benchmark\n")
-        allowlisted = Limits(allowed_hosts=ALLOWED)
+        allowlisted = Limits(allowed_hosts=(urllib.parse.urlsplit(url).netloc,))
         with open_sandbox(workspace, backend=backend, limits=allowlisted) as sandbox:
             for _ in range(ROUNDS):
                 host += host_fetches(url, per_round)

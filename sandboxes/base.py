@@ -19,6 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from sandboxes.egress import ENTRY_FORM, HostPort
 from sandboxes.errors import InvalidLimitsError, SandboxClosedError
 
 WORKSPACE_MOUNT = "/workspace"
@@ -70,17 +71,16 @@ class Limits:
     workspace_files: int = 50_000
     """Entries (files, directories, links) of the snapshot a sandbox opens over."""
     allowed_hosts: tuple[str, ...] = ()
-    """Hosts the sandbox's commands may reach, only through rollyard's egress proxy (HTTP and
-    HTTPS via `HTTP_PROXY`; `*.domain` for its subdomains); empty: no network at all. See
-    `sandboxes.egress`."""
+    """`host:port` entries (a bare host: ports 80 and 443; `*.domain` for its subdomains) the
+    sandbox's commands may reach, only through rollyard's egress proxy; empty: no network at
+    all. See `sandboxes.egress`."""
 
     def __post_init__(self) -> None:
         for host in self.allowed_hosts:
-            if not isinstance(host, str) or not host.strip() or any(c in host for c in " /\\@\0"):
-                raise InvalidLimitsError(
-                    f"Limits.allowed_hosts holds {host!r}, which is not a host name; "
-                    "list names such as pypi.org or *.example.com"
-                )
+            try:
+                HostPort.parse(host)
+            except ValueError as error:
+                raise InvalidLimitsError(f"Limits.allowed_hosts: {error}; {ENTRY_FORM}") from None
         for field in dataclasses.fields(self):
             if field.name == "allowed_hosts":
                 continue

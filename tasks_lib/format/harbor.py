@@ -14,6 +14,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from sandboxes.egress import ENTRY_FORM, HostPort
 from tasks_lib.format.issues import IssueSink
 
 SCHEMA_VERSION = "1.4"
@@ -207,7 +208,17 @@ class _Reader:
             self.bad("allowed_hosts", "is only valid when network_mode = 'allowlist'",
                      'set network_mode = "allowlist" or remove allowed_hosts')  # fmt: skip
         checked = typing.cast(NetworkMode, mode)
-        return NetworkPolicy(checked, tuple(host.strip().lower().rstrip(".") for host in hosts))
+        return NetworkPolicy(checked, self.host_ports(hosts))
+
+    def host_ports(self, hosts: tuple[str, ...]) -> tuple[str, ...]:
+        """`allowed_hosts` in the egress proxy's canonical form; each bad entry an issue."""
+        entries: list[str] = []
+        for text in hosts:
+            try:
+                entries.append(str(HostPort.parse(text)))
+            except ValueError as error:
+                self.bad("allowed_hosts", f"entry {error}", ENTRY_FORM)
+        return tuple(entries)
 
 
 def _size_mb(reader: _Reader, key: str) -> int | None:

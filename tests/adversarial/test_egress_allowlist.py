@@ -1,8 +1,10 @@
 """A sandbox whose task allows network to listed hosts (Harbor's `network_mode = "allowlist"`)
 reaches them only through rollyard's egress proxy, on either backend (docker tests marked): a host off the list is refused, a direct
 connection (to the allowed host itself, the host's loopback, any address) fails, and a name
-built from data is never resolved (no DNS exfiltration). The "allowed host" is an HTTP server
-this test runs on the host's loopback; pypi.org is the real one where the machine reaches it."""
+built from data is never resolved (no DNS exfiltration). Entries are `host:port`; a bare host
+means ports 80 and 443, never an address of this host, and the run's own Prefect and Dask ports
+are refused even when named. The "allowed host" is an HTTP server this test runs on the host's
+loopback; pypi.org is the real one where the machine reaches it."""
 
 from __future__ import annotations
 
@@ -49,10 +51,13 @@ def allowed_server() -> Iterator[http.server.ThreadingHTTPServer]:
 
 @pytest.fixture(params=["bwrap", pytest.param("docker", marks=pytest.mark.docker)])
 def allowlisted(
-    request: pytest.FixtureRequest, sandbox_root: Path, workspace: Path
+    request: pytest.FixtureRequest,
+    sandbox_root: Path,
+    workspace: Path,
+    allowed_server: http.server.ThreadingHTTPServer,
 ) -> Iterator[Sandbox]:
-    """A sandbox allowed `localhost` and pypi.org, on each backend (docker where an engine
-    answers)."""
+    """A sandbox allowed `localhost:PORT` (the allowed server's) and pypi.org, on each backend
+    (docker where an engine answers)."""
     if request.param == "docker":
         from sandboxes.docker_images import base_image, image_id, shared_client
         from sandboxes.errors import SandboxUnavailableError
@@ -61,7 +66,8 @@ def allowlisted(
             image_id(shared_client(), base_image())
         except SandboxUnavailableError as error:
             pytest.skip(str(error))
-    limits = Limits(allowed_hosts=("localhost", "pypi.org"))
+    port = allowed_server.server_address[1]
+    limits = Limits(allowed_hosts=(f"localhost:{port}", "pypi.org"))
     with open_sandbox(workspace, backend=request.param, limits=limits) as sb:
         yield sb
 
