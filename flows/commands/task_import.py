@@ -9,7 +9,7 @@ from pathlib import Path
 
 from flows.cli import MAX_COUNT, MAX_WORKERS, int_between, seed
 from flows.errors import CliError
-from flows.output import add_format_option, emit, progress
+from flows.output import add_format_option, emit, note, progress
 from rollyard.errors import EXIT_DAMAGED, EXIT_FAILED
 
 EXIT_NOTHING = EXIT_FAILED
@@ -122,6 +122,12 @@ def synthesize_command(args: argparse.Namespace) -> int:
             client.close()
         if cluster is not None:
             cluster.close()
+    if report.hardlinks_left_out:
+        note(
+            f"rollyard: left out {len(report.hardlinks_left_out)} hard-linked file(s) whose other "
+            f"names lie outside {args.project} (e.g. {report.hardlinks_left_out[0]}); copy the "
+            "project with `cp -r` to keep them"
+        )
     emit(report.to_json() | {"task_dirs": [str(staged.final(d)) for d in report.task_dirs]})
     return 0 if report.tasks_kept else EXIT_NOTHING
 

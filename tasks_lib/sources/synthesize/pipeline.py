@@ -82,6 +82,8 @@ class SynthesisReport:
     varying_ids: tuple[str, ...] = ()
     """Tests (ids without their parametrization) whose parametrized ids differ between runs of
     the original suite, e.g. parametrized over a set: no run can name them, so no task uses them."""
+    hardlinks_left_out: tuple[str, ...] = ()
+    """Project files not copied into any task: hard links whose other names lie outside it."""
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -330,7 +332,7 @@ def synthesize_tasks(
     staging = Path(tempfile.mkdtemp(prefix=".synthesis-", dir=out))
     try:
         workspace = staging / "workspace"
-        copy_clean(project, workspace, skip=(out,))
+        hardlinks_left_out = copy_clean(project, workspace, skip=(out,))
         layout = inspect_project(workspace, name or project.name)
         if layout.src_layout:
             add_src_shim(workspace)
@@ -425,6 +427,7 @@ def synthesize_tasks(
         unstable=tuple(unstable),
         flaky_baseline=original.flaky,
         varying_ids=original.varying_ids,
+        hardlinks_left_out=hardlinks_left_out,
     )
 
 

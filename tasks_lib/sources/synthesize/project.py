@@ -59,16 +59,37 @@ def is_test_file(relative: str) -> bool:
     )
 
 
-def copy_clean(source: Path, dest: Path, *, skip: tuple[Path, ...] = ()) -> None:
+def copy_clean(source: Path, dest: Path, *, skip: tuple[Path, ...] = ()) -> tuple[str, ...]:
     """Copy `source` to the new directory `dest` without VCS, caches, backups or build output.
 
     Symlinks are kept only when they stay inside the tree; special files are skipped, and so are
-    the directories in `skip` (an output directory inside the project)."""
-    skipped = {os.path.realpath(path) for path in (*skip, dest)}
+    the directories in `skip` (an output directory inside the project). A file with more hard
+    links than the copied tree holds of it is left out: its other names lie outside the project,
+    and its bytes may be any file of this machine. Returns the relative paths left out so."""
     if not source.is_dir():
         raise GenerationError(f"project {source} is not a directory; pass a Python project root")
+    planned = _planned_copies(source, dest, skip)
+    # The names of each inode inside the tree: distinct real paths, so a symlink's copy names
+    # its target once more and no further link.
+    names: dict[tuple[int, int], set[str]] = {}
+    for _, full, info in planned:
+        names.setdefault((info.st_dev, info.st_ino), set()).add(full)
+    hardlinked: list[str] = []
+    for target, full, info in planned:
+        if not _copy_unlinked(full, target, info, len(names[(info.st_dev, info.st_ino)])):
+            hardlinked.append(target.relative_to(dest).as_posix())
+    return tuple(hardlinked)
+
+
+def _planned_copies(
+    source: Path, dest: Path, skip: tuple[Path, ...]
+) -> list[tuple[Path, str, os.stat_result]]:
+    """(target in `dest`, real path of the file to read, its stat) of every file to copy; makes
+    `dest`'s directories."""
+    skipped = {os.path.realpath(path) for path in (*skip, dest)}
     real_root = os.path.realpath(source)
     dest.mkdir(parents=True)
+    planned: list[tuple[Path, str, os.stat_result]] = []
     for dirpath, dirnames, filenames in os.walk(source):
         here = Path(dirpath)
         rel_dir = here.relative_to(source)
@@ -84,18 +105,38 @@ def copy_clean(source: Path, dest: Path, *, skip: tuple[Path, ...] = ()) -> None
         for name in sorted(filenames):
             if _excluded(name, False):
                 continue
-            full = here / name
-            info = full.lstat()
-            target = dest / rel_dir / name
+            # Directory links are not followed, so this is the file's real path.
+            full = os.path.normpath(os.path.join(real_root, rel_dir, name))
+            info = os.lstat(full)
             if stat.S_ISLNK(info.st_mode):
-                real = os.path.realpath(full)
-                if real.startswith(real_root + os.sep) and os.path.isfile(real):
-                    shutil.copyfile(real, target)  # inside the tree: keep it as a plain file
-                continue
+                full = os.path.realpath(full)
+                if not (full.startswith(real_root + os.sep) and os.path.isfile(full)):
+                    continue
+                info = os.stat(full)  # inside the tree: kept as a plain file
             if stat.S_ISREG(info.st_mode):
-                shutil.copyfile(full, target)
-                if info.st_mode & 0o111:
-                    target.chmod(0o755)
+                planned.append((dest / rel_dir / name, full, info))
+    return planned
+
+
+def _copy_unlinked(full: str, target: Path, planned: os.stat_result, names_inside: int) -> bool:
+    """Copy the file at `full` unless it has a hard link outside the tree (False then). Checked
+    on the opened file, so one swapped in after the walk is refused too."""
+    try:
+        fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as error:
+        raise GenerationError(
+            f"project file {full} cannot be read ({error.strerror}); make the project readable"
+        ) from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        same = (info.st_dev, info.st_ino) == (planned.st_dev, planned.st_ino)
+        if not (same and stat.S_ISREG(info.st_mode)) or info.st_nlink > names_inside:
+            return False
+        with target.open("wb") as out:
+            shutil.copyfileobj(handle, out)
+    if info.st_mode & 0o111:
+        target.chmod(0o755)
+    return True
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
