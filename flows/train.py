@@ -288,6 +288,7 @@ def run_training(
     and a Dask LocalCluster of `workers` processes unless `dask_address` names a scheduler."""
     import dask
 
+    from flows.run_services import run_services_refused
     from flows.runtime import dask_task_runner, local_cluster, prefect_api, prefect_home_for
 
     # A shard is rescheduled when its worker dies; Dask gives up after `allowed-failures` deaths
@@ -296,11 +297,13 @@ def run_training(
     preflight(settings)
     # The lease comes before the Prefect server: its database lives under the store, and two
     # servers must not initialise it at once. The cluster comes after it: its worker processes
-    # inherit the server's URL.
+    # inherit the server's URL. No sandbox of the run reaches the run's own Prefect API or Dask
+    # scheduler and dashboard, whatever a task's allowlist names (`flows.run_services`).
     with (
         writer_lease(settings.store, run_id=settings.run_id),
         prefect_api(prefect_home_for(settings.store)) as api_url,
         local_cluster(workers, dask_address) as cluster,
+        run_services_refused(api_url, cluster),
     ):
         report_progress("prefect_ui", url=api_url.removesuffix("/api"))
         if cluster.dashboard_link:

@@ -8,18 +8,28 @@ loopback; pypi.org is the real one where the machine reaches it."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
+import os
 import socket
 import threading
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from sandboxes import Limits, Sandbox, open_sandbox
-from sandboxes.egress import PROXY_PORT, host_allowed
-from tasks_lib import TaskRefusedError, load_task
+from sandboxes import InvalidLimitsError, Limits, Sandbox, open_sandbox
+from sandboxes.egress import (
+    PROXY_PORT,
+    RUN_DENIED_ENV,
+    EgressPolicy,
+    EgressProxy,
+    HostPort,
+    host_allowed,
+    is_host_address,
+)
+from tasks_lib import TaskRefusedError, TaskValidationError, load_task
 
 pytestmark = [pytest.mark.adversarial, pytest.mark.timeout(120)]
 
@@ -278,3 +288,229 @@ def test_harbor_allowlist_task_loads_with_its_hosts_and_public_is_refused(tmp_pa
                                    'allowed_hosts = ["pypi.org"]',
                                    "FROM debian:bookworm\nRUN apt-get update\n"))  # fmt: skip
     assert image.container is not None and image.limits.allowed_hosts == ("pypi.org",)
+
+
+# -- ports: host:port entries, a bare host's 80/443, this host's own addresses, the run's services
+
+
+class _V6Server(http.server.ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+@contextlib.contextmanager
+def _server(address: str, port: int = 0) -> Iterator[http.server.ThreadingHTTPServer]:
+    """An HTTP server on `address:port` (skips the test where it cannot be bound)."""
+    kind = _V6Server if ":" in address else http.server.ThreadingHTTPServer
+    try:
+        server = kind((address, port), _Handler)
+    except OSError as error:
+        pytest.skip(f"cannot bind {address}:{port} here: {error}")
+    server.paths = []  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _port(server: http.server.ThreadingHTTPServer) -> int:
+    return int(server.server_address[1])
+
+
+def _fetch_all(sandbox: Sandbox, urls: list[str]) -> list[str]:
+    """What a fetch of each URL through the proxy printed (the body, or `HTTP <code> <text>`)."""
+    code, out = _python(sandbox, "\n".join(_fetch(url) for url in urls))
+    assert code == 0, out
+    return out.splitlines()
+
+
+def _connect_line(sandbox: Sandbox, target: str) -> str:
+    """The proxy's status line for a hand-made `CONNECT target`."""
+    _code, out = _python(
+        sandbox,
+        f"""
+import socket
+s = socket.create_connection(("127.0.0.1", {PROXY_PORT}), timeout=20)
+s.sendall(b"CONNECT {target} HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n")
+print(s.recv(200).split(b"\\r\\n")[0].decode())
+""",
+    )
+    return out
+
+
+def _answering(*addresses: str) -> Callable[[str, int], list[str]]:
+    """A resolver whose every answer is `addresses` (what a name's owner may make DNS say)."""
+    return lambda host, port: list(addresses)
+
+
+# TEST-NET-1: a documentation address no interface has, standing for a public host.
+_public = _answering("192.0.2.10")
+
+
+@pytest.mark.parametrize(
+    ("host", "port", "admitted"),
+    [("pypi.org", 80, True), ("pypi.org", 443, True), ("pypi.org", 8080, False),
+     ("pypi.org", 22, False), ("a.example.com", 443, True), ("a.example.com", 8443, False),
+     ("files.example.org", 8443, True), ("files.example.org", 443, False)],
+)  # fmt: skip
+def test_bare_host_means_ports_80_and_443_only(host: str, port: int, admitted: bool) -> None:
+    assert not is_host_address("192.0.2.10")
+    policy = EgressPolicy.of(["pypi.org", "*.example.com", "files.example.org:8443"])
+    addresses, refusal = policy.decide(host, port, resolve=_public)
+    assert (addresses == ["192.0.2.10"]) is admitted, refusal
+    assert (
+        host_allowed(host, ["pypi.org", "*.example.com", "files.example.org:8443"], port)
+        is admitted
+    )
+
+
+def test_a_listed_name_that_resolves_to_this_host_is_refused() -> None:
+    # DNS answers are the name owner's: `pypi.org` (bare) turning into 127.0.0.1 or an address
+    # of this host's own interfaces must not open the host's port 443.
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("192.0.2.1", 9))
+        host_address = probe.getsockname()[0]
+    finally:
+        probe.close()
+    policy = EgressPolicy.of(["pypi.org"])
+    for local in ("127.0.0.1", "127.8.9.10", "0.0.0.0", "::1", "::ffff:127.0.0.1", host_address):
+        addresses, refusal = policy.decide("pypi.org", 443, resolve=_answering(local))
+        assert addresses == [] and refusal and "this host's own address" in refusal, local
+    # A mixed answer keeps only what is not this host.
+    mixed = policy.decide("pypi.org", 443, resolve=_answering("127.0.0.1", "192.0.2.10"))
+    assert mixed == (["192.0.2.10"], None)
+    # This host's interface address as a bare entry opens no port of it either.
+    assert EgressPolicy.of([host_address]).decide(host_address, 80)[0] == []
+
+
+def test_explicit_loopback_port_reaches_that_port_and_no_other(
+    sandbox_root: Path, workspace: Path
+) -> None:
+    with _server("127.0.0.1") as named, _server("127.0.0.1") as other:
+        port, other_port = _port(named), _port(other)
+        limits = Limits(allowed_hosts=(f"127.0.0.1:{port}",))
+        with open_sandbox(workspace, limits=limits) as sb:
+            lines = _fetch_all(sb, [f"http://127.0.0.1:{port}/named",
+                                    f"http://127.0.0.1:{other_port}/other",
+                                    f"http://localhost:{port}/by-name",
+                                    "http://127.0.0.1/default-port"])  # fmt: skip
+            assert lines[0] == BODY.decode(), lines
+            assert all(line.startswith("HTTP 403") for line in lines[1:]), lines
+            assert _connect_line(sb, f"127.0.0.1:{port}") == "HTTP/1.1 200 Connection established"
+            assert _connect_line(sb, f"127.0.0.1:{other_port}") == "HTTP/1.1 403 Forbidden"
+        assert named.paths == ["/named"]  # type: ignore[attr-defined]
+        assert other.paths == []  # type: ignore[attr-defined]
+
+
+def test_bare_loopback_opens_no_loopback_port(sandbox_root: Path, workspace: Path) -> None:
+    # A real listener on a loopback address's port 80 (a bare entry's own port; root binds it)
+    # and one on an ordinary port: bare `127.0.0.2`, `127.0.0.1`, `localhost` reach neither.
+    with _server("127.0.0.2", 80) as web, _server("127.0.0.1") as service:
+        port = _port(service)
+        bare = Limits(allowed_hosts=("127.0.0.2", "127.0.0.1", "localhost", "[::1]"))
+        with open_sandbox(workspace, limits=bare) as sb:
+            lines = _fetch_all(sb, ["http://127.0.0.2/web", "http://localhost/web",
+                                    "http://127.0.0.1/web", f"http://127.0.0.1:{port}/x",
+                                    f"http://localhost:{port}/x", "http://[::1]/web"])  # fmt: skip
+            assert all(line.startswith("HTTP 403") for line in lines), lines
+            assert "this host's own address" in lines[0], lines
+            assert _connect_line(sb, "127.0.0.2:443") == "HTTP/1.1 403 Forbidden"
+        assert web.paths == [] and service.paths == []  # type: ignore[attr-defined]
+        # The same listener named with its port is reached: the refusal above was the rule.
+        with open_sandbox(workspace, limits=Limits(allowed_hosts=("127.0.0.2:80",))) as sb:
+            assert _fetch_all(sb, ["http://127.0.0.2/web"]) == [BODY.decode()]
+        assert web.paths == ["/web"]  # type: ignore[attr-defined]
+
+
+def test_ipv6_loopback_entries_name_their_port(sandbox_root: Path, workspace: Path) -> None:
+    with _server("::1") as named, _server("::1") as other:
+        port, other_port = _port(named), _port(other)
+        limits = Limits(allowed_hosts=(f"[::1]:{port}",))
+        with open_sandbox(workspace, limits=limits) as sb:
+            lines = _fetch_all(sb, [f"http://[::1]:{port}/six", f"http://[::1]:{other_port}/x",
+                                    f"http://[0:0::1]:{port}/same", f"http://127.0.0.1:{port}/x"])  # fmt: skip
+        assert lines[0] == BODY.decode() and lines[2] == BODY.decode(), lines
+        assert lines[1].startswith("HTTP 403") and lines[3].startswith("HTTP 403"), lines
+        assert named.paths == ["/six", "/same"]  # type: ignore[attr-defined]
+        assert other.paths == []  # type: ignore[attr-defined]
+
+
+def test_run_services_are_refused_even_when_named(
+    sandbox_root: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Stand-ins for the run's Prefect API and Dask dashboard, denied as the run denies them.
+    with _server("127.0.0.1") as api, _server("127.0.0.1") as dashboard:
+        api_port, dashboard_port = _port(api), _port(dashboard)
+        monkeypatch.setenv(RUN_DENIED_ENV, f"127.0.0.1:{api_port},localhost:{dashboard_port}")
+        named = (f"127.0.0.1:{api_port}", f"localhost:{api_port}", f"127.0.0.2:{api_port}",
+                 f"127.0.0.1:{dashboard_port}", f"[::1]:{dashboard_port}")  # fmt: skip
+        with open_sandbox(workspace, limits=Limits(allowed_hosts=named)) as sb:
+            lines = _fetch_all(sb, [f"http://{entry}/steal" for entry in named])
+            assert all("one of the run's own services" in line for line in lines), lines
+            assert _connect_line(sb, f"127.0.0.1:{api_port}") == "HTTP/1.1 403 Forbidden"
+        assert api.paths == [] and dashboard.paths == []  # type: ignore[attr-defined]
+
+
+def _worker_decisions(named: tuple[str, ...], socket_dir: str) -> list[str | None]:
+    """On a Dask worker: the refusal an egress proxy started there gives each named endpoint."""
+    proxy = EgressProxy(Path(socket_dir) / f"w{os.getpid()}.sock", named)
+    try:
+        return [proxy.policy.decide(*_host_and_port(entry))[1] for entry in named]
+    finally:
+        proxy.close()
+
+
+def _host_and_port(entry: str) -> tuple[str, int]:
+    parsed = HostPort.parse(entry)
+    assert parsed.port is not None
+    return parsed.host, parsed.port
+
+
+def test_the_runs_prefect_and_dask_ports_are_refused_on_its_workers(tmp_path: Path) -> None:
+    from distributed import Client
+
+    from flows.run_services import run_services_refused
+    from flows.runtime import local_cluster
+
+    with _server("127.0.0.1") as api, local_cluster(1, None) as cluster:
+        api_url = f"http://127.0.0.1:{_port(api)}/api"
+        with (
+            run_services_refused(api_url, cluster) as endpoints,
+            Client(cluster.scheduler_address, timeout="60s") as client,
+        ):
+            scheduler = cluster.scheduler_address.removeprefix("tcp://")
+            assert endpoints[:2] == (f"127.0.0.1:{_port(api)}", scheduler), endpoints
+            assert len(endpoints) == 2 + (cluster.dashboard_link is not None)
+            # Named every way a task could: the endpoint itself and `localhost` at its port.
+            named = (*endpoints, *(f"localhost:{entry.rsplit(':', 1)[1]}" for entry in endpoints))
+            here = _worker_decisions(named, str(tmp_path))
+            on_worker = client.run(_worker_decisions, named, str(tmp_path))
+        assert os.environ.get(RUN_DENIED_ENV) is None  # restored after the run
+    for refusals in [here, *on_worker.values()]:
+        assert all(r and "one of the run's own services" in r for r in refusals), refusals
+
+
+@pytest.mark.parametrize(
+    "entry", ["pypi.org:0", "pypi.org:70000", "host:abc", "", "pypi.org:", "::1:8080", "[::1",
+              "a b", "user@pypi.org"],
+)  # fmt: skip
+def test_bad_allowlist_entries_are_refused_at_task_load(tmp_path: Path, entry: str) -> None:
+    root = _harbor_task(tmp_path / "task", 'network_mode = "allowlist"\n'
+                        f'allowed_hosts = ["pypi.org", {entry!r}]'.replace("'", '"'))  # fmt: skip
+    with pytest.raises(TaskValidationError) as caught:
+        load_task(root)
+    [issue] = caught.value.issues
+    line = str(issue)
+    assert issue.file == "task.toml" and issue.field == "environment.allowed_hosts", line
+    assert "\n" not in line and repr(entry) in line and "host:port" in line, line
+    assert str(root) in str(caught.value)
+    with pytest.raises(InvalidLimitsError, match=r"Limits\.allowed_hosts"):
+        Limits(allowed_hosts=(entry,))
+
+
+def test_allowlist_entries_load_in_canonical_form(tmp_path: Path) -> None:
+    task = load_task(_harbor_task(tmp_path / "t", 'network_mode = "allowlist"\n'
+                                  'allowed_hosts = ["PyPI.org.:443", "[0:0::1]:8080", "*.Example.com"]'))  # fmt: skip
+    assert task.limits.allowed_hosts == ("pypi.org:443", "[::1]:8080", "*.example.com")
