@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import re
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -108,6 +109,14 @@ class Bounded:
     def stated_maximum(self) -> str:
         return f"{self.maximum:,.0f}" if self.maximum >= 1000 else f"{self.maximum:g}"
 
+    def is_stated_in(self, text: str) -> bool:
+        """Whether `text` already says this maximum ("at most 86400", "at most 86,400"); a help
+        worded "tasks to keep at most" states no number."""
+        return any(
+            float(found.replace(",", "")) == self.maximum
+            for found in re.findall(r"at most (\d[\d,]*(?:\.\d+)?)", text)
+        )
+
 
 def int_between(minimum: int, maximum: int) -> Bounded:
     """An argparse type: an integer in [`minimum`, `maximum`]."""
@@ -138,7 +147,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         stated = []
         if has_shown_default(action) and "default" not in text.lower():
             stated.append("default: %(default)s")
-        if isinstance(action.type, Bounded) and "at most" not in text:
+        if isinstance(action.type, Bounded) and not action.type.is_stated_in(text):
             stated.append(f"at most {action.type.stated_maximum()}")
         if not stated:
             return text

@@ -62,7 +62,7 @@ def _description(action: argparse.Action) -> str:
         and "default" not in text
     ):
         text = f"{text} (default {default})" if text else f"default {default}"
-    if isinstance(action.type, Bounded) and "at most" not in text:
+    if isinstance(action.type, Bounded) and not action.type.is_stated_in(text):
         text = f"{text} (at most {action.type.stated_maximum()})"
     return text
 

@@ -49,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--run-id", default=None, help="default: derived from what is evaluated")
     parser.add_argument("--max-steps", type=int_between(1, MAX_STEPS), default=8,
-                        help="actions per episode at most")  # fmt: skip
+                        help="actions per episode")  # fmt: skip
     parser.add_argument(
         "--shards", type=int_between(1, MAX_SHARDS), default=4, help="Prefect tasks"
     )

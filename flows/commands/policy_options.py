@@ -50,7 +50,7 @@ def add_policy_options(parser: argparse.ArgumentParser, *, sampling: bool) -> No
             "--max-tokens",
             type=int_between(1, MAX_COMPLETION_TOKENS),
             default=512,
-            help="completion tokens per turn at most",
+            help="completion tokens per turn",
         )
 
 

@@ -34,9 +34,9 @@ def register_tasks_commands(commands: argparse._SubParsersAction[argparse.Argume
         "--out", required=True, type=Path, help="a new or empty directory for the tasks"
     )
     synth.add_argument("--max", type=int_between(1, MAX_COUNT), default=10, dest="max_tasks",
-                       help="tasks to keep at most (default 10)")  # fmt: skip
+                       help="tasks to keep (default 10)")  # fmt: skip
     synth.add_argument("--max-mutants", type=int_between(1, MAX_COUNT), default=None,
-                       help="mutants to try at most (default 8 per task)")  # fmt: skip
+                       help="mutants to try (default 8 per task)")  # fmt: skip
     synth.add_argument("--seed", type=seed, default=0, help="seed of the mutant choice")
     synth.add_argument("--workers", type=int_between(0, MAX_WORKERS), default=0,
                        help="evaluate mutants on a local Dask cluster of N workers (0: in process)")  # fmt: skip
@@ -70,7 +70,7 @@ def register_tasks_commands(commands: argparse._SubParsersAction[argparse.Argume
                           help="install specs by repo and version, in SWE-bench's shape "
                           "(default: the local Python, pip install -e .)")  # fmt: skip
     swebench.add_argument(
-        "--limit", type=int_between(1, MAX_COUNT), default=None, help="rows to read at most"
+        "--limit", type=int_between(1, MAX_COUNT), default=None, help="rows to read (default: all)"
     )
     swebench.add_argument("--no-check", action="store_true",
                           help="write the tasks without building their images or checking the "
