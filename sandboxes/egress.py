@@ -184,12 +184,15 @@ def _is_ip(text: str, *, version: int | None = None) -> bool:
 
 
 def is_host_address(address: str) -> bool:
-    """Whether `address` reaches this host itself: loopback, unspecified (0.0.0.0, ::), or an
-    address of one of its interfaces (which a socket can bind; nothing else can be bound)."""
+    """Whether `address` reaches this host itself: loopback, unspecified (0.0.0.0, ::),
+    link-local, or an address of one of its interfaces (which a socket can bind; nothing else
+    can be bound)."""
     ip = ipaddress.ip_address(address.split("%", 1)[0])
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
-    if ip.is_loopback or ip.is_unspecified:
+    # Link-local counts as this host's own: its link's neighbours (a cloud's metadata server at
+    # 169.254.169.254) are the host's services, not the internet's.
+    if ip.is_loopback or ip.is_unspecified or ip.is_link_local:
         return True
     family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
     with socket.socket(family, socket.SOCK_DGRAM) as probe:
@@ -309,9 +312,13 @@ class EgressProxy:
     ) -> None:
         self.socket_path = socket_path
         self.allowed_hosts = tuple(allowed_hosts)
-        self.policy = EgressPolicy.of(
-            self.allowed_hosts, (*denied_endpoints, *run_denied_endpoints())
-        )
+        try:
+            self.policy = EgressPolicy.of(
+                self.allowed_hosts, (*denied_endpoints, *run_denied_endpoints())
+            )
+        except ValueError as error:
+            raise ValueError(f"egress deny set (`{RUN_DENIED_ENV}` or the caller's): {error}; "
+                             "list host:port endpoints, comma-separated") from None  # fmt: skip
         self.connect_timeout_s = connect_timeout_s
         self.decisions: list[tuple[str, int, bool]] = []
         self.resolved: list[str] = []

@@ -375,7 +375,10 @@ def test_a_listed_name_that_resolves_to_this_host_is_refused() -> None:
     finally:
         probe.close()
     policy = EgressPolicy.of(["pypi.org"])
-    for local in ("127.0.0.1", "127.8.9.10", "0.0.0.0", "::1", "::ffff:127.0.0.1", host_address):
+    # (169.254.169.254: a cloud's metadata server, on the host's own link.)
+    own = ("127.0.0.1", "127.8.9.10", "0.0.0.0", "::1", "::ffff:127.0.0.1", "169.254.169.254",
+           host_address)  # fmt: skip
+    for local in own:
         addresses, refusal = policy.decide("pypi.org", 443, resolve=_answering(local))
         assert addresses == [] and refusal and "this host's own address" in refusal, local
     # A mixed answer keeps only what is not this host.
@@ -514,3 +517,14 @@ def test_allowlist_entries_load_in_canonical_form(tmp_path: Path) -> None:
     task = load_task(_harbor_task(tmp_path / "t", 'network_mode = "allowlist"\n'
                                   'allowed_hosts = ["PyPI.org.:443", "[0:0::1]:8080", "*.Example.com"]'))  # fmt: skip
     assert task.limits.allowed_hosts == ("pypi.org:443", "[::1]:8080", "*.example.com")
+
+
+def test_a_bad_run_deny_set_stops_the_sandbox_from_opening(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Failing open: a deny set that does not parse must not leave the run's services reachable.
+    for bad in ("127.0.0.1", "localhost:http", "127.0.0.1:0"):
+        monkeypatch.setenv(RUN_DENIED_ENV, bad)
+        with pytest.raises(ValueError, match=RUN_DENIED_ENV):
+            EgressProxy(tmp_path / "egress.sock", ["pypi.org"])
+        assert not (tmp_path / "egress.sock").exists()
