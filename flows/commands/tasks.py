@@ -164,18 +164,25 @@ def validate_command(args: argparse.Namespace) -> int:
 
 
 def check_command(args: argparse.Namespace) -> int:
-    from tasks_lib import TaskError, TaskValidationError, check_task, find_task_dirs, load_task
+    from tasks_lib import (
+        TaskError,
+        TaskRefusedError,
+        TaskValidationError,
+        check_task,
+        find_task_dirs,
+        load_task,
+    )
 
     def one(path: Path) -> dict[str, Any]:
         try:
             task = load_task(path)
         except TaskError as error:
-            # One problem a line, each naming its task.toml key, as `tasks validate` lists them.
-            problems = (
-                [str(issue) for issue in error.issues]
-                if isinstance(error, TaskValidationError)
-                else [str(error)]
-            )
+            # One problem a line, each naming its task.toml key, as `tasks validate` lists them;
+            # a task refused here (it cannot run faithfully) says so on each.
+            problems = [str(error)]
+            if isinstance(error, TaskValidationError):
+                head = "refused task: " if isinstance(error, TaskRefusedError) else ""
+                problems = [f"{head}{issue}" for issue in error.issues]
             return {
                 "task_id": _declared_id(path),
                 "path": str(path),
